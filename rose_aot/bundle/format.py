@@ -1,0 +1,606 @@
+"""The bundle container: one file holding a JSON index and zstd-compressed blobs.
+
+Byte layout, integers little-endian::
+
+    offset  bytes  field
+    0       8      magic b"ROSEAOT\\0"
+    8       4      format version, u32 (FORMAT_VERSION)
+    12      4      flags, u32, always 0 in format version 1
+    16      8      index length n, u64
+    24      32     sha256 of the index bytes
+    56      n      index: canonical JSON in ASCII
+                   (sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    56 + n  ...    blob region: one zstd frame per blob, concatenated in sorted name order
+
+The index is the caller's JSON object plus a "blobs" table that this module owns::
+
+    "blobs": {name: {"offset": int, "size": int, "raw_size": int,
+                     "sha256": hex, "raw_sha256": hex}}
+
+"offset" counts from the start of the blob region; "size" and "sha256" describe the compressed
+frame, "raw_size" and "raw_sha256" the decompressed bytes. Frames follow each other with no gap
+and the file ends at the end of the last one. Every frame is compressed at level ZSTD_LEVEL,
+single-threaded, with its content size in the frame header and no zstd checksum (sha256 covers
+it), so the same inputs always give the same file.
+
+The header digest covers the index and the index's digests cover every frame, so
+:meth:`BundleReader.open` checks every byte of the file before it returns. The reader treats
+the file as hostile: each length and size is checked against the file and the MAX_* limits
+before anything is allocated, and every problem is a :class:`BundleError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import struct
+
+import zstandard
+
+from ..errors import BundleError
+
+__all__ = [
+    "MAGIC",
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "ZSTD_LEVEL",
+    "MAX_INDEX_BYTES",
+    "MAX_BLOB_BYTES",
+    "MAX_BUNDLE_BYTES",
+    "BlobNotFoundError",
+    "BundleReader",
+    "write_bundle",
+]
+
+MAGIC = b"ROSEAOT\0"
+FORMAT_VERSION = 1
+ZSTD_LEVEL = 19
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+MAX_BLOB_BYTES = 512 * 1024 * 1024  # decompressed size of one blob
+MAX_BUNDLE_BYTES = 2 * 1024 * 1024 * 1024  # whole file; bundles are MBs, the reader reads it all
+
+_HEADER = struct.Struct("<8sIIQ32s")
+HEADER_SIZE = _HEADER.size
+_BLOBS_KEY = "blobs"
+_BLOB_FIELDS = ("offset", "size", "raw_size", "sha256", "raw_sha256")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# A zstd block yields at most 128 KiB and takes at least 4 bytes (3-byte header + 1 RLE byte;
+# RFC 8878 3.1.1.2), so no frame of n bytes decompresses to more than 32768 * n bytes.
+_MAX_ZSTD_RATIO = 32768
+_REBUILD = "rebuild the bundle with `rose-aot build`"
+
+
+class BlobNotFoundError(BundleError, KeyError):
+    """The bundle has no blob of the requested name."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_bundle(path: str | os.PathLike, index: dict, blobs: dict[str, bytes]) -> int:
+    """Write a bundle atomically and return the number of bytes written.
+
+    ``index`` must survive a JSON round trip unchanged (dicts with str keys, lists, str, int,
+    finite float, bool, None) and must not have a "blobs" key. The file appears at ``path``
+    complete or not at all: on any failure an existing file there is left untouched.
+    """
+    path = _fspath(path)
+    data = _encode_bundle(index, blobs)
+    _atomic_write(path, data)
+    return len(data)
+
+
+def _encode_bundle(index: dict, blobs: dict[str, bytes]) -> bytes:
+    if not isinstance(index, dict):
+        raise BundleError(f"the bundle index must be a dict (got {type(index).__name__})")
+    if _BLOBS_KEY in index:
+        raise BundleError(
+            f'the bundle index must not have a "{_BLOBS_KEY}" key: write_bundle adds the blobs '
+            "table itself; rename that key"
+        )
+    if not isinstance(blobs, dict):
+        raise BundleError(f"blobs must be a dict of name -> bytes (got {type(blobs).__name__})")
+    for name, value in blobs.items():
+        if not isinstance(name, str) or not name:
+            raise BundleError(f"blob names must be non-empty strings (got {_short(name)})")
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise BundleError(f"blob {_short(name)} must be bytes (got {type(value).__name__})")
+        if memoryview(value).nbytes > MAX_BLOB_BYTES:
+            raise BundleError(
+                f"blob {_short(name)} has {memoryview(value).nbytes} bytes, more than the limit of "
+                f"{MAX_BLOB_BYTES} (MAX_BLOB_BYTES); split it"
+            )
+
+    compressor = zstandard.ZstdCompressor(
+        level=ZSTD_LEVEL,
+        write_content_size=True,
+        write_checksum=False,
+        write_dict_id=False,
+        threads=0,
+    )
+    table: dict[str, dict] = {}
+    frames: list[bytes] = []
+    offset = 0
+    for name in sorted(blobs):
+        raw = bytes(blobs[name])
+        frame = compressor.compress(raw)
+        table[name] = {
+            "offset": offset,
+            "size": len(frame),
+            "raw_size": len(raw),
+            "sha256": hashlib.sha256(frame).hexdigest(),
+            "raw_sha256": hashlib.sha256(raw).hexdigest(),
+        }
+        frames.append(frame)
+        offset += len(frame)
+
+    body = dict(index)
+    body[_BLOBS_KEY] = table
+    try:
+        index_bytes = _canonical_json(body)
+        round_trip = json.loads(index_bytes)
+        del round_trip[_BLOBS_KEY]
+        same = round_trip == index
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BundleError(
+            f"the bundle index is not JSON-serialisable ({exc}); use only dicts with str keys, "
+            "lists, str, int, finite float, bool and None"
+        ) from exc
+    if not same:
+        raise BundleError(
+            "the bundle index does not survive a JSON round trip unchanged (a tuple or a non-str "
+            "dict key?); use only dicts with str keys, lists, str, int, "
+            "finite float, bool and None"
+        )
+    if len(index_bytes) > MAX_INDEX_BYTES:
+        raise BundleError(
+            f"the bundle index is {len(index_bytes)} bytes, more than the limit of "
+            f"{MAX_INDEX_BYTES} (MAX_INDEX_BYTES); move bulky data into blobs"
+        )
+    total = HEADER_SIZE + len(index_bytes) + offset
+    if total > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            f"the bundle would be {total} bytes, more than the limit of {MAX_BUNDLE_BYTES} "
+            "(MAX_BUNDLE_BYTES); split it into several bundles"
+        )
+    header = _HEADER.pack(
+        MAGIC, FORMAT_VERSION, 0, len(index_bytes), hashlib.sha256(index_bytes).digest()
+    )
+    return b"".join([header, index_bytes, *frames])
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    directory, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    try:
+        # 0o666 and the umask give the file the permissions of any other new file; mkstemp's
+        # 0o600 would hide the bundle from a server running as another user.
+        fd = os.open(tmp, flags, 0o666)
+    except OSError as exc:
+        raise BundleError(
+            f"cannot create a temporary file in {directory} to write {path}: {exc}; check that "
+            "the directory exists and is writable"
+        ) from exc
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise BundleError(
+                f"cannot write bundle {path}: {exc}; nothing was changed at that path"
+            ) from exc
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    # Makes the rename durable. Best effort: not every platform or filesystem allows it.
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class BundleReader:
+    """A bundle read into memory and verified; blobs are decompressed on first use.
+
+    Make one with :meth:`open` or :meth:`from_bytes`. Both check the header, the index and the
+    sha256 of every compressed blob before they return, so nothing unverified ever leaves the
+    reader. ``index`` is the caller's dict as written (without the blobs table).
+    """
+
+    path: str
+    size: int
+    index: dict
+    format_version: int
+
+    def __init__(self, path: str, data: bytes):
+        self.path = path
+        self.size = len(data)
+        self.format_version, self.index, self._blobs, self._region_start = _parse(path, data)
+        self._data = memoryview(data)
+        self._cache: dict[str, bytes] = {}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> BundleReader:
+        """Read and verify the bundle file at ``path``."""
+        path = _fspath(path)
+        return cls(path, _read_file(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, path: str = "<bytes>") -> BundleReader:
+        """Verify a bundle held in memory; ``path`` only names it in error messages."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise BundleError(f"{path}: a bundle must be bytes (got {type(data).__name__})")
+        return cls(path, bytes(data))
+
+    def blob_names(self) -> list[str]:
+        """Names of all blobs, sorted."""
+        return list(self._blobs)
+
+    def blob_info(self, name: str) -> dict:
+        """A copy of the blob's table entry: offset, size, raw_size, sha256, raw_sha256."""
+        return dict(self._entry(name))
+
+    def blob(self, name: str) -> bytes:
+        """The decompressed blob, checked against its raw size and raw sha256; cached."""
+        self._entry(name)  # unknown or unhashable names fail here, with the names it has
+        raw = self._cache.get(name)
+        if raw is None:
+            raw = self._decompress(name)
+            self._cache[name] = raw
+        return raw
+
+    def verify(self) -> None:
+        """Decompress and check every blob. Fills no cache, so memory stays at one blob."""
+        for name in self._blobs:
+            if name not in self._cache:
+                self._decompress(name)
+
+    def __repr__(self) -> str:
+        return (
+            f"BundleReader({self.path!r}, format_version={self.format_version}, "
+            f"size={self.size}, blobs={len(self._blobs)})"
+        )
+
+    def _entry(self, name: str) -> dict:
+        try:
+            return self._blobs[name]
+        except (KeyError, TypeError):
+            names = list(self._blobs)
+            shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+            raise BlobNotFoundError(
+                f"{self.path}: the bundle has no blob {_short(name)}; it has "
+                f"{len(names)} blob(s): {shown or '(none)'}"
+            ) from None
+
+    def _decompress(self, name: str) -> bytes:
+        entry = self._entry(name)
+        start = self._region_start + entry["offset"]
+        frame = self._data[start : start + entry["size"]]
+        try:
+            # The open-time check that the frame header declares exactly raw_size is what bounds
+            # this allocation: with a declared content size zstd ignores max_output_size.
+            raw = zstandard.ZstdDecompressor().decompress(
+                frame, max_output_size=entry["raw_size"], allow_extra_data=False
+            )
+        except (zstandard.ZstdError, MemoryError, ValueError) as exc:
+            raise _damaged(self.path, f"blob {_short(name)} does not decompress: {exc}") from exc
+        if len(raw) != entry["raw_size"]:
+            raise _damaged(
+                self.path,
+                f"blob {_short(name)} decompresses to {len(raw)} bytes, the index says "
+                f"{entry['raw_size']}",
+            )
+        if hashlib.sha256(raw).hexdigest() != entry["raw_sha256"]:
+            raise _damaged(
+                self.path,
+                f"blob {_short(name)}: sha256 of the decompressed bytes differs from the index",
+            )
+        return raw
+
+
+def _read_file(path: str) -> bytes:
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected as not a regular file.
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError as exc:
+        raise BundleError(
+            f"{path}: no such bundle file; check the path or build one with `rose-aot build`"
+        ) from exc
+    except PermissionError as exc:
+        raise BundleError(
+            f"{path}: permission denied reading the bundle; make it readable by this user"
+        ) from exc
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot open the bundle: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise BundleError(f"{path}: is {kind}; pass the path of a bundle file")
+        if st.st_size > MAX_BUNDLE_BYTES:
+            raise BundleError(
+                f"{path}: {st.st_size} bytes, more than the bundle limit of {MAX_BUNDLE_BYTES} "
+                "(MAX_BUNDLE_BYTES); this is not a rose-aot bundle"
+            )
+        chunks = []
+        remaining = st.st_size + 1  # one more byte tells that the file grew while being read
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read the bundle: {exc}") from exc
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) != st.st_size:
+        raise BundleError(
+            f"{path}: the file changed size while being read ({st.st_size} -> at least "
+            f"{len(data)} bytes); open it again once it is fully written"
+        )
+    return data
+
+
+def _parse(path: str, data: bytes) -> tuple[int, dict, dict[str, dict], int]:
+    """Verify everything but the decompressed blobs; return version, index, blobs, region start."""
+    size = len(data)
+    if data[: len(MAGIC)] != MAGIC[: min(size, len(MAGIC))]:
+        raise BundleError(
+            f"{path}: not a rose-aot bundle: it starts with {bytes(data[:8])!r}, a bundle with "
+            f"{MAGIC!r}; check the path, or {_REBUILD}"
+        )
+    if size < HEADER_SIZE:
+        raise _damaged(path, f"truncated: {size} bytes, shorter than the {HEADER_SIZE}-byte header")
+    _, version, flags, index_size, index_digest = _HEADER.unpack_from(data)
+    if version != FORMAT_VERSION:
+        raise BundleError(
+            f"{path}: bundle format version {version}; this rose-aot reads format version "
+            f"{FORMAT_VERSION} only; {_REBUILD} from this rose-aot version, or load it with the "
+            "rose-aot that wrote it"
+        )
+    if flags != 0:
+        raise _damaged(
+            path,
+            f"header flags are {flags:#x}; format version {FORMAT_VERSION} "
+            "defines none, so they must be 0",
+        )
+    if index_size > MAX_INDEX_BYTES:
+        raise _damaged(
+            path,
+            f"the header gives an index of {index_size} bytes, more than the "
+            f"limit of {MAX_INDEX_BYTES} (MAX_INDEX_BYTES)",
+        )
+    if index_size > size - HEADER_SIZE:
+        raise _damaged(
+            path,
+            f"truncated: the index needs {index_size} bytes after the header, "
+            f"the file has {size - HEADER_SIZE}",
+        )
+    index_bytes = data[HEADER_SIZE : HEADER_SIZE + index_size]
+    if hashlib.sha256(index_bytes).digest() != index_digest:
+        raise _damaged(path, "the sha256 of the index differs from the header")
+    body = _decode_index(path, index_bytes)
+    region_start = HEADER_SIZE + index_size
+    blobs = _check_blob_table(path, body.pop(_BLOBS_KEY), size - region_start)
+    for name, entry in blobs.items():
+        start = region_start + entry["offset"]
+        frame = memoryview(data)[start : start + entry["size"]]
+        if hashlib.sha256(frame).hexdigest() != entry["sha256"]:
+            raise _damaged(
+                path,
+                f"blob {_short(name)}: the sha256 of its compressed bytes differs from the index",
+            )
+        _check_frame_header(path, name, frame, entry["raw_size"])
+    return version, body, blobs, region_start
+
+
+def _decode_index(path: str, index_bytes: bytes) -> dict:
+    try:
+        text = index_bytes.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise _damaged(path, f"the index is not ASCII JSON ({exc})") from exc
+    try:
+        body = json.loads(
+            text, object_pairs_hook=_object_without_duplicates, parse_constant=_reject_constant
+        )
+    except _DuplicateKeyError as exc:
+        raise _damaged(
+            path, f"the index has the key {_short(exc.args[0])} twice in one object"
+        ) from exc
+    except (ValueError, RecursionError) as exc:
+        # Python's own advice after a ';' (raise the int digit limit) is not for hostile input.
+        reason = _short_text(str(exc).split(";")[0])
+        raise _damaged(path, f"the index is not valid JSON ({reason})") from exc
+    if not isinstance(body, dict):
+        raise _damaged(path, f"the index is a JSON {type(body).__name__}, not an object")
+    try:
+        canonical = _canonical_json(body)
+    except (ValueError, RecursionError) as exc:
+        raise _damaged(
+            path, f"the index holds a value this format cannot store ({_short_text(str(exc))})"
+        ) from exc
+    if canonical != index_bytes:
+        raise _damaged(
+            path,
+            "the index is not in canonical form (sorted keys, no whitespace, "
+            "ASCII escapes), so write_bundle did not write it",
+        )
+    if _BLOBS_KEY not in body:
+        raise _damaged(path, f'the index has no "{_BLOBS_KEY}" table')
+    return body
+
+
+def _check_blob_table(path: str, table: object, region_size: int) -> dict[str, dict]:
+    if not isinstance(table, dict):
+        raise _damaged(
+            path, f'the index\'s "{_BLOBS_KEY}" is a JSON {type(table).__name__}, not an object'
+        )
+    blobs: dict[str, dict] = {}
+    end = 0
+    for name in sorted(table):
+        entry = table[name]
+        if not name:
+            raise _damaged(path, "a blob has an empty name")
+        if not isinstance(entry, dict):
+            raise _damaged(
+                path,
+                f"blob {_short(name)}: its entry is a JSON {type(entry).__name__}, not an object",
+            )
+        missing = [f for f in _BLOB_FIELDS if f not in entry]
+        extra = sorted(k for k in entry if k not in _BLOB_FIELDS)
+        if missing or extra:
+            problems = [f"missing field {f!r}" for f in missing]
+            problems += [f"unknown field {_short(k)}" for k in extra[:4]]
+            raise _damaged(path, f"blob {_short(name)}: {', '.join(problems)}")
+        for field in ("offset", "size", "raw_size"):
+            value = entry[field]
+            if type(value) is not int or value < 0:  # bool is an int subclass; reject it
+                raise _damaged(
+                    path,
+                    f"blob {_short(name)}: {field} must be a non-negative integer "
+                    f"(got {_short(value)})",
+                )
+        for field in ("sha256", "raw_sha256"):
+            value = entry[field]
+            if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value):
+                raise _damaged(
+                    path,
+                    f"blob {_short(name)}: {field} must be 64 lowercase hex digits "
+                    f"(got {_short(value)})",
+                )
+        if entry["raw_size"] > MAX_BLOB_BYTES:
+            raise _damaged(
+                path,
+                f"blob {_short(name)}: raw_size {entry['raw_size']} is more than the "
+                f"limit of {MAX_BLOB_BYTES} (MAX_BLOB_BYTES)",
+            )
+        if entry["raw_size"] > _MAX_ZSTD_RATIO * entry["size"]:
+            raise _damaged(
+                path,
+                f"blob {_short(name)}: raw_size {entry['raw_size']} cannot come from "
+                f"a zstd frame of {entry['size']} bytes",
+            )
+        if entry["offset"] != end:
+            raise _damaged(
+                path,
+                f"blob {_short(name)} starts at offset {entry['offset']}, expected "
+                f"{end}: blobs must follow each other in name order with no gap or "
+                "overlap",
+            )
+        end += entry["size"]
+        if end > region_size:
+            raise _damaged(
+                path,
+                f"truncated: blob {_short(name)} ends at byte {end} of the blob "
+                f"region, which has {region_size} bytes",
+            )
+        blobs[name] = {field: entry[field] for field in _BLOB_FIELDS}
+    if end != region_size:
+        raise _damaged(path, f"{region_size - end} trailing bytes after the last blob")
+    return blobs
+
+
+def _check_frame_header(path: str, name: str, frame: memoryview, raw_size: int) -> None:
+    try:
+        params = zstandard.get_frame_parameters(frame)
+    except zstandard.ZstdError as exc:
+        raise _damaged(path, f"blob {_short(name)} is not a zstd frame ({exc})") from exc
+    if params.content_size != raw_size:
+        declared = (
+            "no content size"
+            if params.content_size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR)
+            else f"{params.content_size} bytes"
+        )
+        raise _damaged(
+            path,
+            f"blob {_short(name)}: its zstd frame declares {declared}, the index {raw_size} bytes",
+        )
+    if params.dict_id != 0:
+        raise _damaged(
+            path,
+            f"blob {_short(name)}: its zstd frame needs dictionary {params.dict_id}, "
+            "which bundles never use",
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _object_without_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return obj
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _canonical_json(obj: object) -> bytes:
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode("ascii")
+
+
+def _damaged(path: str, what: str) -> BundleError:
+    return BundleError(f"{path}: damaged bundle: {what}; {_REBUILD}")
+
+
+def _short(value: object, limit: int = 60) -> str:
+    return _short_text(repr(value), limit)
+
+
+def _short_text(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fspath(path: str | os.PathLike) -> str:
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError as exc:
+        raise BundleError(
+            f"a bundle path must be a str or os.PathLike (got {type(path).__name__})"
+        ) from exc

@@ -1,0 +1,154 @@
+"""What a kernel family is, in plain Python (no cutlass): config, arguments, variants, launch plan.
+
+A family's config is a frozen dataclass; every field changes generated code, and its canonical
+form (:func:`point_key`) is the cache key, the bundle key and the lookup key at once.
+The device code of a family lives in a separate module (``device_module``) that only the builder
+and tests import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..archs import Arch
+from ..errors import ConfigError
+from .spec import Arg, Launch, Variant
+
+__all__ = ["KernelFamily", "choice", "point_key", "config_json", "config_digest"]
+
+
+def choice(*values, default=dataclasses.MISSING, doc: str = ""):
+    """A config field limited to a set of values."""
+    return dataclasses.field(default=default, metadata={"choices": tuple(values), "doc": doc})
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def point_key(family: str, config: Any) -> str:
+    """Canonical, human-readable name of a kernel point, e.g. ``qk_norm(head_dim=128,...)``."""
+    parts = [f"{f.name}={_format_value(getattr(config, f.name))}" for f in dataclasses.fields(config)]
+    return f"{family}({','.join(parts)})"
+
+
+def config_json(config: Any) -> dict:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def config_digest(family: str, config: Any) -> str:
+    blob = json.dumps({"family": family, "config": config_json(config)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class KernelFamily:
+    """Base of every kernel family. Subclasses set the class attributes and the four methods."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    device_module: ClassVar[str]  # dotted module with `host_function(config, variant, arch)`
+    size_names: ClassVar[tuple[str, ...]] = ("tokens",)  # runtime sizes the plan depends on
+
+    # --- config -----------------------------------------------------------------------------
+    def make_config(self, **values) -> Any:
+        """Build a validated config from user values (manifest fields, lookup keywords)."""
+        fields = {f.name: f for f in dataclasses.fields(self.Config)}
+        for key in values:
+            if key not in fields:
+                raise ConfigError(
+                    self.name, key, f"unknown field; {self.name} has: {', '.join(fields)}"
+                )
+        kwargs = {}
+        for name, f in fields.items():
+            if name in values:
+                kwargs[name] = self._coerce(f, values[name])
+            elif f.default is dataclasses.MISSING:
+                choices = f.metadata.get("choices")
+                hint = f"; one of {', '.join(map(repr, choices))}" if choices else ""
+                raise ConfigError(self.name, name, f"missing (required){hint}")
+        config = self.Config(**kwargs)
+        self.validate(config)
+        return config
+
+    def _coerce(self, f: dataclasses.Field, value: Any) -> Any:
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        }.get(kind.replace(" | None", ""), True)
+        if value is None and "None" in kind:
+            ok = True
+        if not ok:
+            raise ConfigError(
+                self.name, f.name, f"expected {kind}, got {type(value).__name__} {value!r}"
+            )
+        if kind == "float" and value is not None:
+            try:
+                value = float(value) + 0.0  # + 0.0 folds -0.0 into 0.0: one config, one key
+            except OverflowError:
+                raise ConfigError(self.name, f.name, f"{value} is out of range") from None
+            if not math.isfinite(value):
+                raise ConfigError(self.name, f.name, f"must be finite (got {value})")
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(
+                self.name,
+                f.name,
+                f"{value!r} is not supported; choose one of {', '.join(map(repr, choices))}",
+            )
+        return value
+
+    def validate(self, config: Any) -> None:
+        """Cross-field checks; raise ConfigError naming the field."""
+
+    def key(self, config: Any) -> str:
+        return point_key(self.name, config)
+
+    # --- interface ----------------------------------------------------------------------------
+    def args(self, config: Any) -> tuple[Arg, ...]:
+        """The call arguments, in the order the kernel handle takes them."""
+        raise NotImplementedError
+
+    def variants(self, config: Any, arch: Arch) -> tuple[Variant, ...]:
+        """The compile units of this point for this arch."""
+        raise NotImplementedError
+
+    def plan(
+        self, config: Any, arch: Arch, sizes: dict[str, int], force: str | None = None
+    ) -> tuple[Launch, ...]:
+        """The launches for these runtime sizes. `force` picks a variant by name (tests)."""
+        raise NotImplementedError
+
+    def reference(self, config: Any, *tensors) -> None:
+        """Float64 torch reference: performs the kernel's writes on the given (CPU) tensors."""
+        raise NotImplementedError
+
+    # --- provenance ---------------------------------------------------------------------------
+    def source_files(self) -> list[Path]:
+        """Files whose content determines the generated code (without importing them)."""
+        files = []
+        for module in (type(self).__module__, self.device_module, "rose_aot.kernels.device_utils"):
+            spec = importlib.util.find_spec(module)
+            if spec is None or spec.origin is None:
+                raise RuntimeError(f"cannot locate module {module}")
+            files.append(Path(spec.origin))
+        files.append(Path(__file__).with_name("spec.py"))
+        return files
+
+    def source_digest(self) -> str:
+        h = hashlib.sha256()
+        for path in self.source_files():
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        return h.hexdigest()

@@ -1,0 +1,145 @@
+"""CuTeDSL device code of rms_norm (see rms_norm.py for the algorithm and launch plan)."""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils
+from cutlass import Float32, Int32, const_expr
+
+from ..archs import Arch
+from .device_utils import butterfly_sum, cutlass_dtype
+from .rms_norm import RmsNormConfig, vector_width
+from .spec import Variant
+
+__all__ = ["host_function"]
+
+
+def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
+    """The `@cute.jit` launcher of one variant: tensors in kernel order, grid, stream."""
+    warps = variant.constants["warps_per_row"]
+    rows = variant.constants["rows_per_block"]
+    per_thread = variant.constants["vecs_per_thread"]
+    vec = vector_width(config.dtype)
+    vectors = config.hidden // vec
+    row_threads = 32 * warps
+    exact = vectors == row_threads * per_thread  # every thread's vectors are in the row
+    eps = config.eps
+    offset = config.weight_offset
+    inv_hidden = 1.0 / config.hidden
+    dtype = cutlass_dtype(config.dtype)
+    block = list(variant.block)
+    smem_bytes = variant.smem
+
+    @cute.jit
+    def load_row(mRow: cute.Tensor, rDst: cute.Tensor, t: Int32, valid):
+        gRow = cute.zipped_divide(mRow, (vec,))  # ((vec), (vectors))
+        for i in cutlass.range_constexpr(per_thread):
+            idx = t + i * row_threads
+            if const_expr(exact):
+                if valid:
+                    cute.autovec_copy(gRow[(None, idx)], rDst[None, i])
+            else:
+                if valid and idx < vectors:
+                    cute.autovec_copy(gRow[(None, idx)], rDst[None, i])
+
+    @cute.jit
+    def store_row(rSrc: cute.Tensor, mRow: cute.Tensor, t: Int32, valid):
+        gRow = cute.zipped_divide(mRow, (vec,))
+        for i in cutlass.range_constexpr(per_thread):
+            idx = t + i * row_threads
+            if const_expr(exact):
+                if valid:
+                    cute.autovec_copy(rSrc[None, i], gRow[(None, idx)])
+            else:
+                if valid and idx < vectors:
+                    cute.autovec_copy(rSrc[None, i], gRow[(None, idx)])
+
+    @cute.jit
+    def body(mX: cute.Tensor, mRes, mW: cute.Tensor, mO: cute.Tensor):
+        # mX, mRes, mO: [tokens, hidden] (row stride dynamic); mW: [hidden]
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        row_local = tidx // row_threads
+        t = tidx % row_threads
+        row = bidx * rows + row_local
+        valid = row < mX.shape[0]
+
+        tXrX = cute.make_rmem_tensor((vec, per_thread), dtype)
+        tXrX.fill(0)
+        load_row(mX[row, None], tXrX, t, valid)
+        x = tXrX.load().to(Float32)
+        if const_expr(mRes is not None):
+            tRrR = cute.make_rmem_tensor((vec, per_thread), dtype)
+            tRrR.fill(0)
+            load_row(mRes[row, None], tRrR, t, valid)
+            # Normalize the residual sum as stored (rounded to dtype), like the unfused layers.
+            tRrR.store((x + tRrR.load().to(Float32)).to(dtype))
+            store_row(tRrR, mRes[row, None], t, valid)
+            x = tRrR.load().to(Float32)
+        tWrW = cute.make_rmem_tensor((vec, per_thread), mW.element_type)
+        tWrW.fill(0)
+        load_row(mW, tWrW, t, True)
+
+        ss = butterfly_sum((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), 32)
+        if const_expr(warps > 1):
+            smem = cutlass.utils.SmemAllocator()
+            sSum = smem.allocate_tensor(Float32, cute.make_layout((warps, rows)), byte_alignment=16)
+            warp = t // 32
+            if t % 32 == 0:
+                sSum[warp, row_local] = ss
+            cute.arch.sync_threads()
+            ss = Float32(0.0)
+            for w in cutlass.range_constexpr(warps):
+                ss = ss + sSum[w, row_local]
+        rstd = cute.math.rsqrt(ss * inv_hidden + eps, fastmath=False)
+        y = x * rstd * (tWrW.load().to(Float32) + offset)
+        tOrO = cute.make_rmem_tensor((vec, per_thread), mO.element_type)
+        tOrO.store(y.to(mO.element_type))
+        store_row(tOrO, mO[row, None], t, valid)
+
+    @cute.kernel
+    def rms_norm_kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
+        body(mX, None, mW, mO)
+
+    @cute.kernel
+    def rms_norm_residual_kernel(
+        mX: cute.Tensor, mRes: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor
+    ):
+        body(mX, mRes, mW, mO)
+
+    if config.fused_residual:
+
+        @cute.jit
+        def launch_fused(
+            mX: cute.Tensor,
+            mRes: cute.Tensor,
+            mW: cute.Tensor,
+            mO: cute.Tensor,
+            grid_x: Int32,
+            grid_y: Int32,
+            grid_z: Int32,
+            stream: cuda.CUstream,
+        ):
+            rms_norm_residual_kernel(mX, mRes, mW, mO).launch(
+                grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream
+            )
+
+        return launch_fused
+
+    @cute.jit
+    def launch(
+        mX: cute.Tensor,
+        mW: cute.Tensor,
+        mO: cute.Tensor,
+        grid_x: Int32,
+        grid_y: Int32,
+        grid_z: Int32,
+        stream: cuda.CUstream,
+    ):
+        rms_norm_kernel(mX, mW, mO).launch(
+            grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream
+        )
+
+    return launch

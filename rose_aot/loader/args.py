@@ -1,0 +1,160 @@
+"""Argument checks and parameter packing for launches from a bundle (no cutlass, no DSL).
+
+The checks run before anything reaches the driver: a wrong dtype, shape, device, stride or
+alignment is an ArgumentError that quotes the numbers, never a kernel reading out of bounds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from ..errors import ArgumentError
+from ..kernels.spec import DTYPES, Arg, Dim, ScalarArg, TensorArg, param_fields, param_size
+
+__all__ = ["ArgBinder", "ParamPacker"]
+
+_INT_LIMITS = {32: 2**31 - 1, 64: 2**63 - 1}
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, DTYPES[name][1])
+
+
+class ArgBinder:
+    """Checks call arguments against an argument spec and collects the dynamic values."""
+
+    def __init__(self, owner: str, args: tuple[Arg, ...]):
+        self.owner = owner
+        self.args = args
+        self._dtypes = {a.name: _torch_dtype(a.dtype) for a in args if isinstance(a, TensorArg)}
+
+    def signature(self) -> str:
+        return f"{self.owner}({', '.join(a.name for a in self.args)})"
+
+    def bind(self, values: tuple) -> tuple[dict[str, int], int]:
+        """Returns (dynamic dim values by name, CUDA device index)."""
+        import torch
+
+        if len(values) != len(self.args):
+            raise ArgumentError(
+                f"{self.signature()} takes {len(self.args)} arguments, got {len(values)}"
+            )
+        dims: dict[str, int] = {}
+        device = None
+        for spec, value in zip(self.args, values):
+            if isinstance(spec, ScalarArg):
+                raise ArgumentError(f"{self.owner}: scalar arguments are not supported yet")
+            where = f"{self.owner}: argument '{spec.name}'"
+            if not isinstance(value, torch.Tensor):
+                raise ArgumentError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
+            if value.device.type != "cuda":
+                raise ArgumentError(f"{where} must be on a CUDA device, got {value.device}")
+            if device is None:
+                device = value.device.index
+            elif value.device.index != device:
+                raise ArgumentError(
+                    f"{where} is on cuda:{value.device.index} but earlier arguments are on "
+                    f"cuda:{device}; put all arguments on one device"
+                )
+            if value.dtype != self._dtypes[spec.name]:
+                raise ArgumentError(f"{where} must have dtype {spec.dtype}, got {value.dtype}")
+            if value.dim() != len(spec.shape):
+                raise ArgumentError(
+                    f"{where} must have {len(spec.shape)} dimensions {self._shape_text(spec)}, "
+                    f"got shape {tuple(value.shape)}"
+                )
+            shape, strides = value.shape, value.stride()
+            for mode, (want, got) in enumerate(zip(spec.shape, shape)):
+                if isinstance(want, Dim):
+                    self._bind_dim(dims, want, got, where, f"size of dimension {mode}")
+                elif want != got:
+                    raise ArgumentError(
+                        f"{where} must have shape {self._shape_text(spec)}, got {tuple(shape)}"
+                    )
+            for mode, (want, got) in enumerate(zip(spec.stride, strides)):
+                if shape[mode] <= 1:
+                    # A stride over one element is never applied; normalise it so that it meets
+                    # the divisibility the kernel assumes.
+                    if isinstance(want, Dim):
+                        d = want.divisibility
+                        dims.setdefault(want.name, -(-max(got, 0) // d) * d)
+                    continue
+                if isinstance(want, Dim):
+                    if got % want.divisibility:
+                        raise ArgumentError(
+                            f"{where}: stride {got} of dimension {mode} must be a multiple of "
+                            f"{want.divisibility} elements (128-bit accesses); use a contiguous "
+                            f"or padded tensor"
+                        )
+                    self._bind_dim(dims, want, got, where, f"stride of dimension {mode}")
+                elif want != got:
+                    raise ArgumentError(
+                        f"{where} must have strides {self._stride_text(spec)}, got {tuple(strides)}"
+                        f"; pass a tensor with this layout (e.g. .contiguous())"
+                    )
+            if value.data_ptr() % spec.align:
+                raise ArgumentError(
+                    f"{where}: data pointer 0x{value.data_ptr():x} is not {spec.align}-byte "
+                    f"aligned; slice at a multiple of {spec.align // value.element_size()} elements"
+                )
+        return dims, device
+
+    @staticmethod
+    def _bind_dim(dims, dim: Dim, value: int, where: str, what: str) -> None:
+        if value > _INT_LIMITS[dim.width]:
+            raise ArgumentError(f"{where}: {what} = {value} exceeds the kernel's int{dim.width}")
+        previous = dims.setdefault(dim.name, value)
+        if previous != value:
+            raise ArgumentError(
+                f"{where}: {what} is {value} but another argument gives '{dim.name}' = {previous}"
+            )
+
+    @staticmethod
+    def _shape_text(spec: TensorArg) -> str:
+        return "[" + ", ".join(d.name if isinstance(d, Dim) else str(d) for d in spec.shape) + "]"
+
+    @staticmethod
+    def _stride_text(spec: TensorArg) -> str:
+        return "(" + ", ".join("*" if isinstance(s, Dim) else str(s) for s in spec.stride) + ")"
+
+
+class ParamPacker:
+    """One preallocated buffer holding every kernel parameter of one entry, and the void* array
+    (`kernelParams`) pointing into it. `pack` rewrites the buffer with one struct call."""
+
+    def __init__(self, args: tuple[Arg, ...], params: tuple[str, ...]):
+        by_name = {a.name: a for a in args}
+        fmt = "<"
+        offset = 0
+        offsets = []
+        self._fields: list[tuple[str, str, str]] = []  # (param, kind, dim)
+        for name in params:
+            arg = by_name[name]
+            offset = -(-offset // 8) * 8  # each parameter buffer 8-byte aligned
+            offsets.append(offset)
+            for f in param_fields(arg):
+                pad = offset + f.offset - struct.calcsize(fmt)
+                fmt += (f"{pad}x" if pad else "") + f.fmt
+                self._fields.append((name, f.kind, f.dim))
+            offset += param_size(arg)
+        self.struct = struct.Struct(fmt)
+        self.sizes = [param_size(by_name[n]) for n in params]
+        self.buffer = ctypes.create_string_buffer(max(8, -(-offset // 8) * 8))
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(1, len(params)))(*[base + o for o in offsets])
+        self.address = ctypes.addressof(self.pointers)
+        self.params = params
+
+    def values(self, tensors: dict, dims: dict[str, int]) -> list[int]:
+        out = []
+        for name, kind, dim in self._fields:
+            out.append(tensors[name].data_ptr() if kind == "ptr" else dims[dim])
+        return out
+
+    def pack(self, values: list[int]) -> int:
+        """Writes the parameters; returns the kernelParams address to pass to the driver."""
+        self.struct.pack_into(self.buffer, 0, *values)
+        return self.address

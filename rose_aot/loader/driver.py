@@ -1,0 +1,87 @@
+"""The few CUDA driver calls the loader makes, through cuda-python, with checked results.
+
+cuda.bindings is imported on first use, not at import, so importing the loader costs nothing on a
+machine without a driver.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from ..errors import DeviceError
+
+__all__ = [
+    "driver",
+    "check",
+    "load_library",
+    "get_kernel",
+    "kernel_function",
+    "set_max_dynamic_smem",
+    "kernel_param_info",
+]
+
+
+@cache
+def driver():
+    from cuda.bindings import driver as cu
+
+    (err,) = cu.cuInit(0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise DeviceError(f"cuInit failed: {_error_text(cu, err)}; is an NVIDIA driver installed?")
+    return cu
+
+
+def _error_text(cu, err) -> str:
+    name_err, name = cu.cuGetErrorName(err)
+    text_err, text = cu.cuGetErrorString(err)
+    name = name.decode() if name_err == cu.CUresult.CUDA_SUCCESS else str(err)
+    text = text.decode() if text_err == cu.CUresult.CUDA_SUCCESS else ""
+    return f"{name} ({text})" if text else name
+
+
+def check(result, what: str):
+    """Unpack a cuda-python result tuple, raising DeviceError on failure."""
+    cu = driver()
+    err, *values = result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise DeviceError(f"{what} failed: {_error_text(cu, err)}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def load_library(image: bytes, what: str):
+    """cuLibraryLoadData of a verified cubin (or PTX, NUL-terminated, for the driver to JIT)."""
+    cu = driver()
+    return check(cu.cuLibraryLoadData(image, None, None, 0, None, None, 0), f"loading {what}")
+
+
+def get_kernel(library, name: str):
+    cu = driver()
+    return check(cu.cuLibraryGetKernel(library, name.encode()), f"cuLibraryGetKernel({name})")
+
+
+def kernel_function(kernel, name: str):
+    """The kernel's function in the current context; loads its module into that context."""
+    cu = driver()
+    return check(cu.cuKernelGetFunction(kernel), f"cuKernelGetFunction({name})")
+
+
+def set_max_dynamic_smem(kernel, device: int, nbytes: int, name: str) -> None:
+    cu = driver()
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    check(cu.cuKernelSetAttribute(attr, nbytes, kernel, dev), f"raising {name}'s shared memory")
+
+
+def kernel_param_info(kernel, name: str) -> list[tuple[int, int]]:
+    """(offset, size) of each parameter as the driver sees it (cuKernelGetParamInfo)."""
+    cu = driver()
+    # cuKernelGetParamCount is newer than the CUDA 13.0 driver; probe indices until refused.
+    info = []
+    while True:
+        err, offset, size = cu.cuKernelGetParamInfo(kernel, len(info))
+        if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return info
+        check((err, offset, size), f"cuKernelGetParamInfo({name})")
+        info.append((offset, size))

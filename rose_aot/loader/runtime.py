@@ -1,0 +1,313 @@
+"""Serving-side bundle: open + verify, pick the arch of the device, load lazily, launch.
+
+Nothing here compiles or imports cutlass. A kernel handle validates its arguments, packs the
+parameters into a preallocated buffer and launches on torch's current stream, so CUDA graphs
+capture it like any torch op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from ..archs import ARCHS, arch_for_capability, get_arch
+from ..bundle import BundleReader
+from ..errors import BundleError, ConfigError, DeviceError, KernelNotFoundError
+from ..kernels import get_family
+from ..kernels.spec import param_fields, param_size
+from . import driver
+from .args import ArgBinder, ParamPacker
+
+__all__ = ["KernelBundle", "KernelHandle", "open_bundle"]
+
+BUNDLE_KIND = "rose-aot kernel bundle"
+
+
+def open_bundle(path, *, use_ptx: bool = False) -> "KernelBundle":
+    """Open and verify a bundle. `use_ptx` loads PTX (driver JIT, ~100x slower) instead of cubins;
+    it is an explicit, reported fallback for drivers that refuse the cubins."""
+    return KernelBundle(BundleReader.open(path), use_ptx=use_ptx)
+
+
+class KernelBundle:
+    def __init__(self, reader: BundleReader, *, use_ptx: bool = False):
+        self.reader = reader
+        self.path = reader.path
+        self.use_ptx = use_ptx
+        index = reader.index
+        if index.get("kind") != BUNDLE_KIND:
+            raise BundleError(f"{self.path}: not a rose-aot kernel bundle (kind {index.get('kind')!r})")
+        self.index = index
+        # (point key, arch) -> point record
+        self._points: dict[tuple[str, str], dict] = {}
+        for point in index.get("points", []):
+            self._check_point(point)
+            self._points[(point["key"], point["arch"])] = point
+        self._libraries: dict[tuple[str, str, str], object] = {}
+        self._device_kernels: dict[tuple[int, str, str, str], list] = {}
+        self._device_arch: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    # --- verification of the index against this rose-aot's plain-Python kernel specs --------
+    def _check_point(self, point: dict) -> None:
+        try:
+            family = get_family(point["family"])
+            config = family.make_config(**point["config"])
+            arch = get_arch(point["arch"])
+        except (KeyError, TypeError, ConfigError) as exc:
+            raise BundleError(
+                f"{self.path}: point {point.get('key', '?')!r} is not understood by this "
+                f"rose-aot ({exc}); rebuild the bundle with the rose-aot version that serves it"
+            ) from exc
+        if family.key(config) != point["key"]:
+            raise BundleError(f"{self.path}: point key {point['key']!r} does not match its config")
+        args = {a.name: a for a in family.args(config)}
+        specs = {v.name: v for v in family.variants(config, arch)}
+        recorded = {v["name"]: v for v in point["variants"]}
+        if set(recorded) != set(specs):
+            raise BundleError(
+                f"{self.path}: {point['key']} on {point['arch']} has variants {sorted(recorded)}, "
+                f"this rose-aot expects {sorted(specs)}; rebuild the bundle"
+            )
+        for name, spec in specs.items():
+            rec = recorded[name]
+            expect = {
+                "block": list(spec.block),
+                "smem": spec.smem,
+                "params": list(spec.params),
+                "param_layouts": [[f.to_json() for f in param_fields(args[p])] for p in spec.params],
+            }
+            sizes = [param_size(args[p]) for p in spec.params]
+            bad = [k for k, v in expect.items() if rec.get(k) != v]
+            if bad or any(s != sizes for s in rec.get("param_sizes", [])):
+                raise BundleError(
+                    f"{self.path}: {point['key']} variant {name} on {point['arch']}: launch facts "
+                    f"{bad or ['param_sizes']} differ from this rose-aot's kernel spec; rebuild "
+                    f"the bundle with the rose-aot version that serves it"
+                )
+            for blob in (rec["cubin"], rec["ptx"]):
+                if blob not in reader_names(self.reader):
+                    raise BundleError(f"{self.path}: artifact {blob!r} is missing")
+
+    # --- what the bundle has -------------------------------------------------------------------
+    @property
+    def archs(self) -> list[str]:
+        return list(self.index.get("archs", []))
+
+    def points(self, arch: str | None = None) -> list[str]:
+        return sorted({k for k, a in self._points if arch is None or a == arch})
+
+    def kernel(self, family: str, /, **config) -> "KernelHandle":
+        """The handle of one point, looked up by family and config fields (defaults apply)."""
+        fam = get_family(family)
+        cfg = fam.make_config(**config)
+        key = fam.key(cfg)
+        if not any(k == key for k, _ in self._points):
+            raise KernelNotFoundError(key, self._nearest(fam, cfg))
+        return KernelHandle(self, fam, cfg)
+
+    def _nearest(self, family, config, limit: int = 3) -> list[str]:
+        mine = dataclasses.asdict(config)
+        scored = []
+        for key, arch in self._points:
+            point = self._points[(key, arch)]
+            if point["family"] != family.name:
+                continue
+            diff = {k: v for k, v in point["config"].items() if mine.get(k) != v}
+            scored.append((len(diff), key, diff))
+        scored.sort(key=lambda s: (s[0], s[1]))
+        out, seen = [], set()
+        for n, key, diff in scored:
+            if key in seen:
+                continue
+            seen.add(key)
+            detail = ", ".join(f"{k}={v!r}" for k, v in diff.items())
+            out.append(f"{key}  [differs: {detail}]")
+            if len(out) == limit:
+                break
+        return out
+
+    # --- device side ---------------------------------------------------------------------------
+    def arch_for_device(self, device: int) -> str:
+        arch = self._device_arch.get(device)
+        if arch is None:
+            import torch
+
+            capability = torch.cuda.get_device_capability(device)
+            arch = arch_for_capability(capability, self.archs)
+            if arch is None:
+                have = ", ".join(f"{a} (sm {ARCHS[a].capability[0]}.{ARCHS[a].capability[1]})"
+                                 for a in self.archs if a in ARCHS)
+                raise DeviceError(
+                    f"cuda:{device} has compute capability {capability[0]}.{capability[1]}; the "
+                    f"bundle {self.path} has cubins for: {have or 'no arch'}; rebuild it with "
+                    f"--arch for this GPU"
+                )
+            self._device_arch[device] = arch
+        return arch
+
+    def _library(self, key: str, arch: str, variant: dict):
+        lib_key = (key, arch, variant["name"])
+        lib = self._libraries.get(lib_key)
+        if lib is None:
+            if self.use_ptx:
+                image = self.reader.blob(variant["ptx"]) + b"\0"
+            else:
+                image = self.reader.blob(variant["cubin"])  # sha256-verified before this point
+            lib = driver.load_library(image, f"{key} {variant['name']} ({arch})")
+            self._libraries[lib_key] = lib
+        return lib
+
+    def device_kernels(self, device: int, key: str, variant_name: str) -> list:
+        """CUkernel handles of one variant's entries, loaded into `device`'s context."""
+        arch = self.arch_for_device(device)
+        cache_key = (device, key, arch, variant_name)
+        kernels = self._device_kernels.get(cache_key)
+        if kernels is not None:
+            return kernels
+        with self._lock:
+            kernels = self._device_kernels.get(cache_key)
+            if kernels is not None:
+                return kernels
+            point = self._points.get((key, arch))
+            if point is None:
+                raise KernelNotFoundError(
+                    key, [], f"the bundle has it for {self._archs_of(key)} but cuda:{device} "
+                    f"needs {arch}"
+                )
+            variant = next(v for v in point["variants"] if v["name"] == variant_name)
+            lib = self._library(key, arch, variant)
+            kernels = []
+            import torch
+
+            with torch.cuda.device(device):
+                torch.cuda.current_stream(device)  # makes the primary context current
+                for entry in variant["entries"]:
+                    kernel = driver.get_kernel(lib, entry)
+                    if variant["smem"] > 48 * 1024:
+                        driver.set_max_dynamic_smem(kernel, device, variant["smem"], entry)
+                    driver.kernel_function(kernel, entry)  # loads the module now, not at launch
+                    kernels.append(kernel)
+            self._device_kernels[cache_key] = kernels
+            return kernels
+
+    def _archs_of(self, key: str) -> list[str]:
+        return sorted(a for k, a in self._points if k == key)
+
+    def preload(self, device: int | None = None) -> int:
+        """Load every kernel for `device` (default: torch's current device) now, for warmup.
+        Returns the number of kernel entries loaded."""
+        import torch
+
+        device = torch.cuda.current_device() if device is None else device
+        arch = self.arch_for_device(device)
+        count = 0
+        for (key, a), point in sorted(self._points.items()):
+            if a != arch:
+                continue
+            for v in point["variants"]:
+                count += len(self.device_kernels(device, key, v["name"]))
+        return count
+
+    def describe(self) -> dict:
+        """What `rose-aot inspect --json` prints: a summary of the index (no artifacts)."""
+        points = []
+        for (key, arch), p in sorted(self._points.items()):
+            points.append(
+                {
+                    "key": key,
+                    "arch": arch,
+                    "variants": [
+                        {
+                            "name": v["name"],
+                            "block": v["block"],
+                            "smem": v["smem"],
+                            "entries": v["entries"],
+                            "cubin_bytes": self.reader.blob_info(v["cubin"])["raw_size"],
+                            "ptx_bytes": self.reader.blob_info(v["ptx"])["raw_size"],
+                        }
+                        for v in p["variants"]
+                    ],
+                }
+            )
+        return {
+            "path": str(self.path),
+            "bytes": self.reader.size,
+            "format_version": self.reader.format_version,
+            "archs": self.archs,
+            "toolchain": self.index.get("toolchain", {}),
+            "manifests": self.index.get("manifests", []),
+            "families": self.index.get("families", {}),
+            "points": points,
+        }
+
+
+def reader_names(reader: BundleReader) -> set[str]:
+    names = getattr(reader, "_rose_names", None)
+    if names is None:
+        names = set(reader.blob_names())
+        reader._rose_names = names
+    return names
+
+
+class KernelHandle:
+    """A callable kernel point. Call with torch tensors in the family's argument order."""
+
+    def __init__(self, bundle: KernelBundle, family, config):
+        self.bundle = bundle
+        self.family = family
+        self.config = config
+        self.key = family.key(config)
+        args = family.args(config)
+        self._binder = ArgBinder(self.key, args)
+        self._packers = {}
+        for arch in {a for k, a in bundle._points if k == self.key}:
+            for v in family.variants(config, get_arch(arch)):
+                self._packers.setdefault(v.name, ParamPacker(args, v.params))
+        self._names = tuple(a.name for a in args)
+        self._lock = threading.Lock()
+        self._plan = lru_cache(maxsize=256)(self._make_plan)
+
+    def __repr__(self) -> str:
+        return f"KernelHandle({self.key}, bundle={self.bundle.path})"
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return self._names
+
+    def _make_plan(self, arch: str, sizes: tuple, force: str | None):
+        return self.family.plan(
+            self.config, get_arch(arch), dict(zip(self.family.size_names, sizes)), force
+        )
+
+    def plan(self, *tensors, variant: str | None = None):
+        dims, device = self._binder.bind(tensors)
+        arch = self.bundle.arch_for_device(device)
+        return self._plan(arch, tuple(dims[n] for n in self.family.size_names), variant)
+
+    def __call__(self, *tensors, variant: str | None = None) -> None:
+        """Launch on torch's current stream of the tensors' device. `variant` forces one variant
+        of the launch plan (for tests and benchmarks); by default the plan picks from the sizes."""
+        import torch
+
+        dims, device = self._binder.bind(tensors)
+        arch = self.bundle.arch_for_device(device)
+        launches = self._plan(arch, tuple(dims[n] for n in self.family.size_names), variant)
+        if not launches:
+            return
+        stream = torch.cuda.current_stream(device).cuda_stream
+        by_name = dict(zip(self._names, tensors))
+        cu = driver.driver()
+        for launch in launches:
+            kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
+            packer = self._packers[launch.variant]
+            with self._lock:
+                params = packer.pack(packer.values(by_name, dims))
+                driver.check(
+                    cu.cuLaunchKernel(
+                        kernel, *launch.grid, *launch.block, launch.smem, stream, params, 0
+                    ),
+                    f"launching {self.key} ({launch.variant})",
+                )

@@ -1,0 +1,194 @@
+"""Every point of a CPU-built bundle against its float64 reference, on the GPU.
+
+Run on the GPU machine with the bundle built elsewhere (the production flow):
+    ROSE_AOT_TEST_BUNDLE=path/to/bundle.rosebundle python -m pytest tests/gpu -m gpu
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from rose_aot import open_bundle
+from rose_aot.kernels import get_family
+from rose_aot.kernels.spec import DTYPES, Dim, TensorArg
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = (1, 7, 128, 4096, 20011)  # 20011: a large odd count, not a multiple of any block
+
+# Tolerance per output dtype, relative to max(1, |ref|): a few units in the last place of the
+# output format (the kernel rounds once from fp32; the reference rounds from float64).
+TOLERANCE = {"bfloat16": 2**-7, "float16": 2**-9, "float32": 1e-5}
+
+
+@pytest.fixture(scope="module")
+def bundle(shipped_bundle_path):
+    return open_bundle(shipped_bundle_path)
+
+
+def _points(bundle):
+    import torch
+
+    arch = bundle.arch_for_device(torch.cuda.current_device())
+    out = []
+    for point in bundle.index["points"]:
+        if point["arch"] == arch:
+            out.append((point["family"], point["config"]))
+    return out
+
+
+def _make_inputs(family, config, tokens, gen):
+    """Random inputs per the argument spec; written outputs are poisoned with NaN."""
+    import torch
+
+    tensors = []
+    for arg in family.args(config):
+        assert isinstance(arg, TensorArg)
+        shape = [tokens if isinstance(d, Dim) else d for d in arg.shape]
+        dtype = getattr(torch, DTYPES[arg.dtype][1])
+        t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        if "weight" in arg.name:
+            t = (1.0 + 0.1 * torch.randn(shape, generator=gen)).to(dtype)
+        tensors.append(t)
+    return tensors
+
+
+def _check(name, got, want, dtype):
+    import torch
+
+    got64, want64 = got.double(), want.double()
+    assert not torch.isnan(got64).any(), f"{name}: NaN in output (unwritten elements?)"
+    err = (got64 - want64).abs() / want64.abs().clamp(min=1.0)
+    tol = TOLERANCE[dtype]
+    if (err > tol).any():
+        idx = (err > tol).nonzero()[0].tolist()
+        pytest.fail(
+            f"{name}: max error {err.max().item():.3g} > {tol:.3g}; first bad index {idx}: "
+            f"got {got64[tuple(idx)].item()} want {want64[tuple(idx)].item()}"
+        )
+
+
+def _run_point(bundle, family_name, config_values, tokens, variant, seed):
+    import torch
+
+    family = get_family(family_name)
+    config = family.make_config(**config_values)
+    handle = bundle.kernel(family_name, **config_values)
+    gen = torch.Generator().manual_seed(seed)
+    host = _make_inputs(family, config, tokens, gen)
+    expect = [t.clone() for t in host]
+    family.reference(config, *expect)
+    dev = [t.cuda() for t in host]
+    for arg, t in zip(family.args(config), dev):
+        if arg.writes and not (family_name == "qk_norm" or arg.name == "residual"):
+            t.fill_(float("nan"))  # pure outputs: poison so an unwritten element fails
+    handle(*dev, variant=variant)
+    torch.cuda.synchronize()
+    for arg, got, want in zip(family.args(config), dev, expect):
+        if arg.writes:
+            _check(f"{family.key(config)} T={tokens} {variant or 'auto'} {arg.name}", got.cpu(),
+                   want, arg.dtype)
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_every_point_against_reference(bundle, tokens):
+    points = _points(bundle)
+    assert points, "the bundle has no point for this GPU's arch"
+    for i, (family_name, config) in enumerate(points):
+        family = get_family(family_name)
+        from rose_aot.archs import get_arch
+
+        cfg = family.make_config(**config)
+        arch = get_arch(bundle.arch_for_device(0))
+        for variant in [None] + [v.name for v in family.variants(cfg, arch)]:
+            _run_point(bundle, family_name, config, tokens, variant, seed=1000 * tokens + i)
+
+
+def test_qk_norm_on_views_of_a_fused_qkv_buffer(bundle):
+    """q and k as strided views of one [T, (Hq + 2 Hk) * D] projection output, in place."""
+    import torch
+
+    for family_name, config in _points(bundle):
+        if family_name != "qk_norm":
+            continue
+        family = get_family(family_name)
+        c = family.make_config(**config)
+        T, hq, hk, d = 300, c.num_q_heads, c.num_k_heads, c.head_dim
+        dtype = getattr(torch, c.dtype)
+        qkv = torch.randn(T, (hq + 2 * hk) * d, dtype=torch.float32).to(dtype)
+        q = qkv[:, : hq * d].view(T, hq, d)
+        k = qkv[:, hq * d : (hq + hk) * d].view(T, hk, d)
+        wq = (1 + 0.1 * torch.randn(d)).to(dtype)
+        wk = (1 + 0.1 * torch.randn(d)).to(dtype)
+        expect_q, expect_k = q.clone(), k.clone()
+        family.reference(c, expect_q, expect_k, wq, wk)
+        qkv_dev = qkv.cuda()
+        v_before = qkv_dev[:, (hq + hk) * d :].clone()
+        qd = qkv_dev[:, : hq * d].view(T, hq, d)
+        kd = qkv_dev[:, hq * d : (hq + hk) * d].view(T, hk, d)
+        bundle.kernel(family_name, **config)(qd, kd, wq.cuda(), wk.cuda())
+        torch.cuda.synchronize()
+        _check("q view", qd.cpu(), expect_q, c.dtype)
+        _check("k view", kd.cpu(), expect_k, c.dtype)
+        assert torch.equal(qkv_dev[:, (hq + hk) * d :], v_before), "v was modified"
+
+
+def test_launch_is_captured_by_cuda_graphs(bundle):
+    import torch
+
+    family_name, config = next(p for p in _points(bundle) if p[0] == "rms_norm")
+    family = get_family(family_name)
+    c = family.make_config(**config)
+    handle = bundle.kernel(family_name, **config)
+    gen = torch.Generator().manual_seed(7)
+    host = _make_inputs(family, c, 64, gen)
+    dev = [t.cuda() for t in host]
+    expect = [t.clone() for t in host]
+    family.reference(c, *expect)
+    out = dev[-1]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        handle(*[t.clone() for t in dev])  # warm up (module load) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    inputs = [t.clone() for t in dev]
+    with torch.cuda.graph(graph):
+        handle(*inputs)
+    for t, h in zip(inputs, host):
+        t.copy_(h.cuda())
+    inputs[-1].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check("graph replay out", inputs[-1].cpu(), expect[-1], family.args(c)[-1].dtype)
+    del out
+
+
+def test_param_layout_matches_driver(bundle):
+    """The packed parameter sizes and offsets agree with cuKernelGetParamInfo."""
+    import torch
+
+    from rose_aot.kernels.spec import param_size
+    from rose_aot.loader import driver
+
+    device = torch.cuda.current_device()
+    arch = bundle.arch_for_device(device)
+    checked = 0
+    for point in bundle.index["points"]:
+        if point["arch"] != arch:
+            continue
+        family = get_family(point["family"])
+        config = family.make_config(**point["config"])
+        args = {a.name: a for a in family.args(config)}
+        for v in point["variants"]:
+            for entry, kernel in zip(v["entries"], bundle.device_kernels(device, point["key"], v["name"])):
+                info = driver.kernel_param_info(kernel, entry)
+                sizes = [s for _, s in info]
+                assert sizes == [param_size(args[p]) for p in v["params"]], entry
+                checked += 1
+    assert checked > 0
+
+
+def test_loader_imported_no_cutlass():
+    assert not [m for m in sys.modules if m == "cutlass" or m.startswith("cutlass.")]
