@@ -29,7 +29,86 @@ class ArgBinder:
     def __init__(self, owner: str, args: tuple[Arg, ...]):
         self.owner = owner
         self.args = args
+        import torch
+
+        self._tensor_type = torch.Tensor
         self._dtypes = {a.name: _torch_dtype(a.dtype) for a in args if isinstance(a, TensorArg)}
+
+        # Hot-path checks: per argument (dtype, rank, static extents, contiguous-only, dynamic
+        # extents, dynamic strides, alignment). Anything unusual falls back to `bind`, which
+        # either accepts it or raises the detailed error.
+        self._fast = []
+        first_use: dict[str, tuple[int, int, str]] = {}
+        for i, a in enumerate(args):
+            if not isinstance(a, TensorArg):
+                self._fast = None
+                break
+            static_shape = tuple(a.shape) if not any(isinstance(d, Dim) for d in a.shape) else None
+            contiguous = static_shape is not None and tuple(a.stride) == _contiguous(static_shape)
+            extents = []  # (mode, expected int) or (mode, (arg, mode) of the first use)
+            for m, d in enumerate(a.shape):
+                if isinstance(d, Dim):
+                    src = first_use.setdefault(d.name, (i, m, "shape"))
+                    extents.append((m, None if src == (i, m, "shape") else src))
+                else:
+                    extents.append((m, d))
+            strides = []  # (mode, int) static, or (mode, -divisibility) dynamic
+            for m, st in enumerate(a.stride):
+                strides.append((m, -st.divisibility if isinstance(st, Dim) else st))
+            self._fast.append(
+                (self._dtypes[a.name], len(a.shape), static_shape, contiguous, extents, strides,
+                 a.align)
+            )
+
+    def fast_bind(self, values: tuple):
+        """(shapes, strides, pointers, device) of well-formed arguments, else None."""
+        fast = self._fast
+        tensor_type = self._tensor_type
+        if fast is None or len(values) != len(fast):
+            return None
+        shapes, strides, ptrs = [], [], []
+        device = -2
+        for t, (dtype, rank, static_shape, contiguous, extents, stride_spec, align) in zip(
+            values, fast
+        ):
+            if type(t) is not tensor_type or t.dtype is not dtype:
+                return None
+            dev = t.get_device()
+            if dev != device:
+                if device != -2 or dev < 0:
+                    return None
+                device = dev
+            shape = t.shape
+            if contiguous:
+                if shape != static_shape or not t.is_contiguous():
+                    return None
+                stride = None
+            else:
+                if len(shape) != rank:
+                    return None
+                stride = t.stride()
+                for m, want in extents:
+                    if want is None:
+                        continue
+                    got = shape[m]
+                    if want.__class__ is int:
+                        if got != want:
+                            return None
+                    elif got != (shape if want[0] == len(shapes) else shapes[want[0]])[want[1]]:
+                        return None
+                for m, want in stride_spec:
+                    if want >= 0:
+                        if stride[m] != want and shape[m] > 1:
+                            return None
+                    elif stride[m] % -want:
+                        return None
+            ptr = t.data_ptr()
+            if ptr % align:
+                return None
+            shapes.append(shape)
+            strides.append(stride)
+            ptrs.append(ptr)
+        return shapes, strides, ptrs, device
 
     def signature(self) -> str:
         return f"{self.owner}({', '.join(a.name for a in self.args)})"
@@ -50,15 +129,6 @@ class ArgBinder:
             where = f"{self.owner}: argument '{spec.name}'"
             if not isinstance(value, torch.Tensor):
                 raise ArgumentError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
-            if value.device.type != "cuda":
-                raise ArgumentError(f"{where} must be on a CUDA device, got {value.device}")
-            if device is None:
-                device = value.device.index
-            elif value.device.index != device:
-                raise ArgumentError(
-                    f"{where} is on cuda:{value.device.index} but earlier arguments are on "
-                    f"cuda:{device}; put all arguments on one device"
-                )
             if value.dtype != self._dtypes[spec.name]:
                 raise ArgumentError(f"{where} must have dtype {spec.dtype}, got {value.dtype}")
             if value.dim() != len(spec.shape):
@@ -100,6 +170,16 @@ class ArgBinder:
                     f"{where}: data pointer 0x{value.data_ptr():x} is not {spec.align}-byte "
                     f"aligned; slice at a multiple of {spec.align // value.element_size()} elements"
                 )
+            # Checked last so that every other check also runs on CPU tensors (tests).
+            if value.device.type != "cuda":
+                raise ArgumentError(f"{where} must be on a CUDA device, got {value.device}")
+            if device is None:
+                device = value.device.index
+            elif value.device.index != device:
+                raise ArgumentError(
+                    f"{where} is on cuda:{value.device.index} but earlier arguments are on "
+                    f"cuda:{device}; put all arguments on one device"
+                )
         return dims, device
 
     @staticmethod
@@ -121,6 +201,14 @@ class ArgBinder:
         return "(" + ", ".join("*" if isinstance(s, Dim) else str(s) for s in spec.stride) + ")"
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for extent in reversed(shape):
+        out.append(acc)
+        acc *= extent
+    return tuple(reversed(out))
+
+
 class ParamPacker:
     """One preallocated buffer holding every kernel parameter of one entry, and the void* array
     (`kernelParams`) pointing into it. `pack` rewrites the buffer with one struct call."""
@@ -131,6 +219,8 @@ class ParamPacker:
         offset = 0
         offsets = []
         self._fields: list[tuple[str, str, str]] = []  # (param, kind, dim)
+        self._sources: list[tuple[int, str, int]] = []  # (call argument index, kind, mode)
+        arg_index = {a.name: i for i, a in enumerate(args)}
         for name in params:
             arg = by_name[name]
             offset = -(-offset // 8) * 8  # each parameter buffer 8-byte aligned
@@ -139,6 +229,7 @@ class ParamPacker:
                 pad = offset + f.offset - struct.calcsize(fmt)
                 fmt += (f"{pad}x" if pad else "") + f.fmt
                 self._fields.append((name, f.kind, f.dim))
+                self._sources.append((arg_index[name], f.kind, f.mode))
             offset += param_size(arg)
         self.struct = struct.Struct(fmt)
         self.sizes = [param_size(by_name[n]) for n in params]
@@ -152,6 +243,18 @@ class ParamPacker:
         out = []
         for name, kind, dim in self._fields:
             out.append(tensors[name].data_ptr() if kind == "ptr" else dims[dim])
+        return out
+
+    def fast_values(self, shapes, strides, ptrs) -> list[int]:
+        """Parameter values straight from `ArgBinder.fast_bind`'s result."""
+        out = []
+        for i, kind, mode in self._sources:
+            if kind == "ptr":
+                out.append(ptrs[i])
+            elif kind == "extent":
+                out.append(shapes[i][mode])
+            else:
+                out.append(strides[i][mode])
         return out
 
     def pack(self, values: list[int]) -> int:

@@ -18,6 +18,8 @@ __all__ = [
     "kernel_function",
     "set_max_dynamic_smem",
     "kernel_param_info",
+    "launcher",
+    "raise_launch_error",
 ]
 
 
@@ -85,3 +87,35 @@ def kernel_param_info(kernel, name: str) -> list[tuple[int, int]]:
             return info
         check((err, offset, size), f"cuKernelGetParamInfo({name})")
         info.append((offset, size))
+
+
+@cache
+def launcher():
+    """cuLaunchKernel as a plain C call: the entry point is resolved by cuda-python
+    (cuGetProcAddress) and called through ctypes.
+
+    cuda.bindings' own Python wrapper converts and checks every argument object on each call
+    (several µs); a serving engine launches thousands of kernels a second from the host, so
+    the hot path calls the same driver entry point directly with prepared integers.
+    """
+    import ctypes
+
+    cu = driver()
+    pfn, _status = check(
+        cu.cuGetProcAddress(b"cuLaunchKernel", 12000, cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT),
+        "cuGetProcAddress(cuLaunchKernel)",
+    )
+    prototype = ctypes.CFUNCTYPE(
+        ctypes.c_int,  # CUresult
+        ctypes.c_void_p,  # CUfunction (a CUkernel is accepted too)
+        *([ctypes.c_uint] * 7),  # grid x, y, z; block x, y, z; dynamic shared memory
+        ctypes.c_void_p,  # CUstream
+        ctypes.c_void_p,  # void** kernelParams
+        ctypes.c_void_p,  # void** extra
+    )
+    return prototype(int(pfn))
+
+
+def raise_launch_error(code: int, what: str):
+    cu = driver()
+    raise DeviceError(f"{what} failed: {_error_text(cu, cu.CUresult(code))}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from functools import lru_cache
 from pathlib import Path
 
 from ..archs import ARCHS, arch_for_capability, get_arch
@@ -253,7 +252,12 @@ def reader_names(reader: BundleReader) -> set[str]:
 
 
 class KernelHandle:
-    """A callable kernel point. Call with torch tensors in the family's argument order."""
+    """A callable kernel point. Call with torch tensors in the family's argument order.
+
+    The hot path: one pass of cheap checks over the tensors (the detailed checker runs only when
+    one fails, to raise a precise error), a dict lookup of the launch plan already resolved to
+    kernel handles for (device, sizes), one struct pack per launch and the driver call.
+    """
 
     def __init__(self, bundle: KernelBundle, family, config):
         self.bundle = bundle
@@ -267,8 +271,21 @@ class KernelHandle:
             for v in family.variants(config, get_arch(arch)):
                 self._packers.setdefault(v.name, ParamPacker(args, v.params))
         self._names = tuple(a.name for a in args)
+        # Where each runtime size of the plan is read from: (argument index, mode).
+        self._size_sources = []
+        for size in family.size_names:
+            self._size_sources.append(
+                next(
+                    (i, m)
+                    for i, a in enumerate(args)
+                    for m, d in enumerate(a.shape)
+                    if getattr(d, "name", None) == size
+                )
+            )
+        self._resolved: dict[tuple, list] = {}
         self._lock = threading.Lock()
-        self._plan = lru_cache(maxsize=256)(self._make_plan)
+        self._launch = None
+        self._raw_stream = None
 
     def __repr__(self) -> str:
         return f"KernelHandle({self.key}, bundle={self.bundle.path})"
@@ -277,37 +294,68 @@ class KernelHandle:
     def arg_names(self) -> tuple[str, ...]:
         return self._names
 
-    def _make_plan(self, arch: str, sizes: tuple, force: str | None):
-        return self.family.plan(
-            self.config, get_arch(arch), dict(zip(self.family.size_names, sizes)), force
-        )
-
     def plan(self, *tensors, variant: str | None = None):
+        """The launches a call with these tensors would issue (nothing is launched)."""
         dims, device = self._binder.bind(tensors)
-        arch = self.bundle.arch_for_device(device)
-        return self._plan(arch, tuple(dims[n] for n in self.family.size_names), variant)
+        arch = get_arch(self.bundle.arch_for_device(device))
+        sizes = {n: dims[n] for n in self.family.size_names}
+        return self.family.plan(self.config, arch, sizes, variant)
+
+    def _resolve(self, device: int, sizes: tuple, variant: str | None) -> list:
+        """The plan for (device, sizes) with each launch's kernel handle and packer bound."""
+        arch = get_arch(self.bundle.arch_for_device(device))
+        plan = self.family.plan(
+            self.config, arch, dict(zip(self.family.size_names, sizes)), variant
+        )
+        resolved = []
+        for launch in plan:
+            kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
+            resolved.append(
+                (int(kernel), *launch.grid, *launch.block, launch.smem, self._packers[launch.variant],
+                 launch.variant)
+            )
+        if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
+            self._resolved.clear()
+        self._resolved[(device, sizes, variant)] = resolved
+        return resolved
+
+    def _stream_getter(self):
+        import torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None:
+            return lambda device: torch.cuda.current_stream(device).cuda_stream
+        return raw
 
     def __call__(self, *tensors, variant: str | None = None) -> None:
         """Launch on torch's current stream of the tensors' device. `variant` forces one variant
         of the launch plan (for tests and benchmarks); by default the plan picks from the sizes."""
-        import torch
-
-        dims, device = self._binder.bind(tensors)
-        arch = self.bundle.arch_for_device(device)
-        launches = self._plan(arch, tuple(dims[n] for n in self.family.size_names), variant)
+        bound = self._binder.fast_bind(tensors)
+        if bound is not None:
+            shapes, strides, ptrs, device = bound
+            sizes = tuple(shapes[i][m] for i, m in self._size_sources)
+            slow_dims = None
+        else:
+            slow_dims, device = self._binder.bind(tensors)  # raises the precise error
+            sizes = tuple(slow_dims[n] for n in self.family.size_names)
+        launches = self._resolved.get((device, sizes, variant))
+        if launches is None:
+            launches = self._resolve(device, sizes, variant)
         if not launches:
             return
-        stream = torch.cuda.current_stream(device).cuda_stream
-        by_name = dict(zip(self._names, tensors))
-        cu = driver.driver()
-        for launch in launches:
-            kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
-            packer = self._packers[launch.variant]
+        if self._launch is None:
+            self._launch = driver.launcher()
+            self._raw_stream = self._stream_getter()
+        stream = self._raw_stream(device)
+        launch_fn = self._launch
+        by_name = None
+        for kernel, gx, gy, gz, bx, by, bz, smem, packer, name in launches:
             with self._lock:
-                params = packer.pack(packer.values(by_name, dims))
-                driver.check(
-                    cu.cuLaunchKernel(
-                        kernel, *launch.grid, *launch.block, launch.smem, stream, params, 0
-                    ),
-                    f"launching {self.key} ({launch.variant})",
-                )
+                if slow_dims is None:
+                    values = packer.fast_values(shapes, strides, ptrs)
+                else:
+                    by_name = by_name or dict(zip(self._names, tensors))
+                    values = packer.values(by_name, slow_dims)
+                code = launch_fn(kernel, gx, gy, gz, bx, by, bz, smem, stream, packer.pack(values), None)
+            if code:
+                driver.raise_launch_error(code, f"launching {self.key} ({name})")
