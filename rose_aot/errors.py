@@ -13,6 +13,8 @@ __all__ = [
     "ManifestError",
     "BuildError",
     "BundleError",
+    "ShardError",
+    "CoverageError",
     "KernelNotFoundError",
     "ArgumentError",
     "DeviceError",
@@ -72,6 +74,21 @@ class BuildError(RoseAotError):
 
 class BundleError(RoseAotError):
     """A bundle is missing, damaged, truncated, of another format version, or inconsistent."""
+
+
+class ShardError(RoseAotError):
+    """Build shards cannot be merged: one is missing, given twice, damaged, or from another
+    build (other manifests, kernel sources or toolchain)."""
+
+
+class CoverageError(RoseAotError):
+    """A bundle lacks points a deployment needs, or needs a newer driver than the fleet has.
+
+    ``report`` is the :class:`rose_aot.check.CoverageReport` with the full list."""
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report
 
 
 class KernelNotFoundError(RoseAotError, KeyError):

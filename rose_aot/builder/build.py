@@ -3,6 +3,11 @@
 Compiles run in a pool of spawned worker processes (each pays the DSL import once); the parent
 never imports cutlass. Results are cached on disk by content, so a rebuild with nothing changed
 compiles nothing. The bundle is written only once every item has succeeded.
+
+Everything that decides a bundle's bytes apart from the artifacts themselves is one
+:class:`BuildPlan` (manifests, items, toolchain, kernel source digests): an unsharded build and a
+merge of shards (``builder/shard.py``) both feed a plan and the compiled items to the same
+:func:`_assemble`, which is what makes a merged bundle byte-identical to an unsharded one.
 """
 
 from __future__ import annotations
@@ -25,7 +30,18 @@ from ..kernels.spec import param_fields
 from .ptx import ptx_header
 from .toolchain import cubin_elf_abi, toolchain_versions
 
-__all__ = ["WorkItem", "ItemResult", "BuildSummary", "plan_items", "build_bundle", "ArtifactCache"]
+__all__ = [
+    "WorkItem",
+    "ItemResult",
+    "BuildSummary",
+    "ManifestRecord",
+    "BuildPlan",
+    "plan_items",
+    "build_bundle",
+    "compile_items",
+    "write_plan_bundle",
+    "ArtifactCache",
+]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _CACHE_FORMAT = 1
@@ -56,6 +72,8 @@ class BuildSummary:
     items: list[ItemResult] = field(default_factory=list)
     seconds: float = 0.0
     bundle_bytes: int = 0
+    plan: BuildPlan | None = None
+    shard: tuple[int, int] | None = None  # (index, count), 1-based, for a shard file
 
     @property
     def points(self) -> int:
@@ -79,6 +97,108 @@ def plan_items(manifests, archs: tuple[str, ...] | None = None) -> list[WorkItem
             for point in manifest.points:
                 items.add(WorkItem(point.family, point.config, arch))
     return sorted(items, key=lambda i: (i.family, i.key, i.arch))
+
+
+@dataclass(frozen=True)
+class ManifestRecord:
+    """What a bundle records of one manifest: name, file digest, the archs built, point keys."""
+
+    name: str
+    digest: str
+    archs: tuple[str, ...]
+    points: tuple[str, ...]  # sorted point keys
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "digest": self.digest,
+            "archs": list(self.archs),
+            "points": list(self.points),
+        }
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Every input of a bundle except the compiled artifacts.
+
+    Two builds with equal plans (equal :attr:`digest`) and equal artifacts write the same bytes.
+    A shard file carries its plan as JSON so that a merge needs neither the manifests nor the
+    compiler: :meth:`from_json` rebuilds the configs through each family's ``make_config``.
+    """
+
+    manifests: tuple[ManifestRecord, ...]  # sorted by name
+    items: tuple[WorkItem, ...]  # sorted as plan_items sorts them
+    toolchain: dict  # toolchain_versions(): DSL packages and CUDA flavour
+    source_digests: dict[str, str]  # family -> source digest, for the families of `items`
+
+    @classmethod
+    def from_manifests(cls, manifests, archs: tuple[str, ...] | None = None) -> BuildPlan:
+        if not manifests:
+            raise BuildError("(build)", "-", "no manifests given")
+        toolchain = toolchain_versions()
+        items = tuple(plan_items(manifests, archs))
+        families = sorted({i.family for i in items})
+        records = tuple(
+            ManifestRecord(
+                m.name, m.digest, tuple(archs or m.archs), tuple(sorted({p.key for p in m.points}))
+            )
+            for m in sorted(manifests, key=lambda m: m.name)
+        )
+        return cls(
+            records,
+            items,
+            toolchain,
+            {name: get_family(name).source_digest() for name in families},
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "manifests": [m.to_json() for m in self.manifests],
+            "items": [
+                {"family": i.family, "config": config_json(i.config), "arch": i.arch}
+                for i in self.items
+            ],
+            "toolchain": self.toolchain,
+            "source_digests": dict(sorted(self.source_digests.items())),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> BuildPlan:
+        """The plan a shard recorded. Raises ConfigError/KeyError/TypeError/ValueError on a plan
+        this rose-aot cannot read (the caller names the file)."""
+        manifests = tuple(
+            ManifestRecord(
+                str(m["name"]), str(m["digest"]), tuple(m["archs"]), tuple(m["points"])
+            )
+            for m in data["manifests"]
+        )
+        items = []
+        for entry in data["items"]:
+            family = get_family(entry["family"])
+            get_arch(entry["arch"])
+            items.append(
+                WorkItem(family.name, family.make_config(**entry["config"]), entry["arch"])
+            )
+        toolchain = data["toolchain"]
+        sources = data["source_digests"]
+        if not isinstance(toolchain, dict) or not isinstance(sources, dict):
+            raise TypeError("toolchain and source_digests must be objects")
+        return cls(manifests, tuple(items), toolchain, dict(sources))
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def shard_items(self, index: int, count: int) -> tuple[WorkItem, ...]:
+        """Shard `index` of `count` (1-based): every count-th item of the sorted plan, starting
+        at index - 1. Round robin over the sorted order spreads each family over the shards."""
+        if not 1 <= index <= count:
+            raise ValueError(f"shard {index}/{count}: the index must be between 1 and {count}")
+        return self.items[index - 1 :: count]
+
+    def cache_key(self, item: WorkItem) -> str:
+        return _cache_key(item, self.toolchain, self.source_digests)
 
 
 def _cache_key(item: WorkItem, toolchain: dict, source_digests: dict[str, str]) -> str:
@@ -189,25 +309,16 @@ def _variant_record(family, item: WorkItem, variant_spec, compiled: dict) -> dic
     }
 
 
-def build_bundle(
-    manifests,
-    output: Path,
+def compile_items(
+    plan: BuildPlan,
+    items,
     *,
-    archs: tuple[str, ...] | None = None,
     jobs: int = 1,
     cache: ArtifactCache | None = None,
     progress: ProgressFn | None = None,
-) -> BuildSummary:
-    """Build one bundle covering `manifests`. Raises BuildError; writes nothing on failure."""
-    start = time.perf_counter()
-    if not manifests:
-        raise BuildError("(build)", "-", "no manifests given")
-    toolchain = toolchain_versions()
-    items = plan_items(manifests, archs)
-    families = sorted({i.family for i in items})
-    source_digests = {name: get_family(name).source_digest() for name in families}
-    keys = {item: _cache_key(item, toolchain, source_digests) for item in items}
-
+) -> dict[WorkItem, ItemResult]:
+    """Compile (or take from the cache) each of `items`, a subset of the plan's items."""
+    items = list(items)
     results: dict[WorkItem, ItemResult] = {}
     done = 0
 
@@ -220,7 +331,7 @@ def build_bundle(
 
     misses = []
     for item in items:
-        hit = cache.get(keys[item]) if cache else None
+        hit = cache.get(plan.cache_key(item)) if cache else None
         if hit is not None:
             record(item, hit, 0.0, True)
         else:
@@ -228,32 +339,57 @@ def build_bundle(
 
     def compiled(item, variants, seconds):
         if cache:
-            cache.put(keys[item], variants)
+            cache.put(plan.cache_key(item), variants)
         record(item, variants, seconds, False)
 
     if misses:
         _run_pool(misses, jobs, compiled)
+    return results
 
-    index, blobs = _assemble(manifests, items, results, toolchain, source_digests, archs)
+
+def build_bundle(
+    manifests,
+    output: Path,
+    *,
+    archs: tuple[str, ...] | None = None,
+    jobs: int = 1,
+    cache: ArtifactCache | None = None,
+    progress: ProgressFn | None = None,
+) -> BuildSummary:
+    """Build one bundle covering `manifests`. Raises BuildError; writes nothing on failure."""
+    start = time.perf_counter()
+    plan = BuildPlan.from_manifests(manifests, archs)
+    results = compile_items(plan, plan.items, jobs=jobs, cache=cache, progress=progress)
+    size = write_plan_bundle(plan, results, output)
+    return BuildSummary(
+        Path(output),
+        [results[i] for i in plan.items],
+        time.perf_counter() - start,
+        size,
+        plan,
+    )
+
+
+def write_plan_bundle(plan: BuildPlan, results: dict[WorkItem, ItemResult], output) -> int:
+    """Assemble the bundle of `plan` from a result for every item and write it atomically."""
+    index, blobs = _assemble(plan, results)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    size = write_bundle(output, index, blobs)
-    summary = BuildSummary(output, [results[i] for i in items], time.perf_counter() - start, size)
-    return summary
+    return write_bundle(output, index, blobs)
 
 
-def _assemble(manifests, items, results, toolchain, source_digests, archs):
+def _assemble(plan: BuildPlan, results: dict[WorkItem, ItemResult]):
     blobs: dict[str, bytes] = {}
     points = []
     headers = set()
     elf_abis = {}
-    for item in items:
+    for item in plan.items:
         family = get_family(item.family)
         specs = {v.name: v for v in family.variants(item.config, get_arch(item.arch))}
         variants = []
         for compiled in results[item].variants:
             record = _variant_record(family, item, specs[compiled["name"]], compiled)
-            base = f"{item.key}@{item.arch}/{compiled['name']}"
+            base = artifact_base(item, compiled["name"])
             record["cubin"] = base + ".cubin"
             record["ptx"] = base + ".ptx"
             blobs[record["cubin"]] = compiled["cubin"]
@@ -277,22 +413,21 @@ def _assemble(manifests, items, results, toolchain, source_digests, archs):
     index = {
         "kind": BUNDLE_KIND,
         "toolchain": {
-            **toolchain,
+            **plan.toolchain,
             "ptx_isa": ptx_isa,
             "compiler": compiler,
             "cubin_elf_abi": dict(sorted(elf_abis.items())),
         },
-        "archs": sorted({i.arch for i in items}),
-        "manifests": [
-            {
-                "name": m.name,
-                "digest": m.digest,
-                "archs": list(archs or m.archs),
-                "points": sorted({p.key for p in m.points}),
-            }
-            for m in sorted(manifests, key=lambda m: m.name)
-        ],
-        "families": {name: {"source_digest": d} for name, d in sorted(source_digests.items())},
+        "archs": sorted({i.arch for i in plan.items}),
+        "manifests": [m.to_json() for m in plan.manifests],
+        "families": {
+            name: {"source_digest": d} for name, d in sorted(plan.source_digests.items())
+        },
         "points": points,
     }
     return index, blobs
+
+
+def artifact_base(item: WorkItem, variant: str) -> str:
+    """Blob name of a variant's artifacts without the suffix: ``<key>@<arch>/<variant>``."""
+    return f"{item.key}@{item.arch}/{variant}"

@@ -58,6 +58,9 @@ class KernelFamily:
     Config: ClassVar[type]
     device_module: ClassVar[str]  # dotted module with `host_function(config, variant, arch)`
     size_names: ClassVar[tuple[str, ...]] = ("tokens",)  # runtime sizes the plan depends on
+    # Config fields that make a point's "shape" (tensor extents): `rose-aot diff` reports two
+    # points of one shape with other settings as one changed point. None: every field is shape.
+    shape_fields: ClassVar[tuple[str, ...] | None] = None
 
     # --- config -----------------------------------------------------------------------------
     def make_config(self, **values) -> Any:

@@ -15,12 +15,11 @@ from ..archs import Arch
 from ..errors import ConfigError
 from .base import KernelFamily, choice
 from .spec import DTYPES, Dim, Launch, TensorArg, Variant
+from .tuning import prefill_warps, qk_norm_decode_max_warps
 
 __all__ = ["QkNormConfig", "QkNorm", "head_split"]
 
 _FLOATS = ("bfloat16", "float16", "float32")
-# Warps per block of the prefill variant.
-PREFILL_WARPS = 8
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,9 @@ class QkNormConfig:
     weight_dtype: str = choice(*_FLOATS, default="bfloat16", doc="weight dtype (default: dtype)")
     eps: float = 1e-6
     weight_offset: float = 0.0  # 1.0 for Gemma-style (1 + w) weights
+    prefill_warps: int = choice(
+        0, 4, 8, 16, 32, default=0, doc="warps per prefill block; 0 = measured default (tuning.py)"
+    )
 
 
 def head_split(head_dim: int, dtype: str) -> tuple[int, int]:
@@ -45,6 +47,7 @@ class QkNorm(KernelFamily):
     name = "qk_norm"
     Config = QkNormConfig
     device_module = "rose_aot.kernels.qk_norm_device"
+    shape_fields = ("num_q_heads", "num_k_heads", "head_dim")
 
     def make_config(self, **values):
         values.setdefault("weight_dtype", values.get("dtype", "bfloat16"))
@@ -90,7 +93,8 @@ class QkNorm(KernelFamily):
                 {"warps": warps, "lanes_per_head": lanes, "vecs_per_lane": per_lane},
             )
 
-        return (variant("decode", 1), variant("prefill", PREFILL_WARPS))
+        block_warps = prefill_warps(self.name, arch.name, c.prefill_warps)
+        return (variant("decode", 1), variant("prefill", block_warps))
 
     def heads_per_block(self, c: QkNormConfig, variant: Variant) -> int:
         return variant.threads // variant.constants["lanes_per_head"]
@@ -103,7 +107,8 @@ class QkNorm(KernelFamily):
         lanes, _ = head_split(c.head_dim, c.dtype)
         heads = tokens * (c.num_q_heads + c.num_k_heads)
         warps_needed = -(-heads * lanes // 32)
-        name = force or ("decode" if warps_needed < arch.sm_count else "prefill")
+        decode_max = qk_norm_decode_max_warps(arch.name, arch.sm_count)
+        name = force or ("decode" if warps_needed < decode_max else "prefill")
         v = variants[name]
         per_block = self.heads_per_block(c, v)
         return (Launch(name, (-(-heads // per_block), 1, 1), v.block, v.smem),)

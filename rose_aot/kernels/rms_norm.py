@@ -17,15 +17,18 @@ from ..archs import Arch
 from ..errors import ConfigError
 from .base import KernelFamily, choice
 from .spec import DTYPES, Dim, Launch, TensorArg, Variant
+from .tuning import RMS_NORM_DECODE_ROW_WARPS, RMS_NORM_DECODE_WARPS_PER_SM, prefill_warps
 
 __all__ = ["RmsNormConfig", "RmsNorm", "row_split"]
 
 _FLOATS = ("bfloat16", "float16", "float32")
 MAX_HIDDEN = 16384
-# Upper bound of 128-bit vectors one thread keeps in registers (8 x 16 B = 32 fp32 values).
-MAX_VECS_PER_THREAD = 8
-# Warps per block of the prefill variant (the seed's recipe steps up from one warp per block).
-PREFILL_WARPS = 8
+# 128-bit vectors per thread. Decode spreads a row over many threads so that the per-thread
+# dependency chain (square, sum, scale) is short: at one token the kernel is pure latency.
+# Prefill keeps more of the row per thread (8 x 16 B = 32 fp32 values in registers) so that a
+# block covers several rows and the grid stays a few waves deep.
+DECODE_VECS_PER_THREAD = 2
+PREFILL_VECS_PER_THREAD = 8
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class RmsNormConfig:
     eps: float = 1e-6
     weight_offset: float = 0.0  # 1.0 for Gemma-style (1 + w) weights
     fused_residual: bool = False
+    prefill_warps: int = choice(
+        0, 4, 8, 16, 32, default=0, doc="warps per prefill block; 0 = measured default (tuning.py)"
+    )
 
 
 def vector_width(dtype: str) -> int:
@@ -44,19 +50,19 @@ def vector_width(dtype: str) -> int:
     return 16 // DTYPES[dtype][0]
 
 
-def row_split(hidden: int, dtype: str) -> tuple[int, int]:
+def row_split(hidden: int, dtype: str, max_vecs: int) -> tuple[int, int]:
     """(warps per row, vectors per thread) for a row of `hidden` elements.
 
-    Prefers the fewest warps whose threads cover the row exactly with at most
-    MAX_VECS_PER_THREAD vectors each, so no thread needs a bounds check; otherwise the last
-    vectors of a row are predicated.
+    Prefers the fewest warps whose threads cover the row exactly with at most `max_vecs`
+    vectors each, so no thread needs a bounds check; otherwise the last vectors of a row are
+    predicated.
     """
     vectors = hidden // vector_width(dtype)
     for warps in range(1, 33):
         per_thread = vectors // (32 * warps)
-        if vectors % (32 * warps) == 0 and per_thread <= MAX_VECS_PER_THREAD:
+        if vectors % (32 * warps) == 0 and per_thread <= max_vecs:
             return warps, per_thread
-    warps = min(32, -(-vectors // (32 * MAX_VECS_PER_THREAD)))
+    warps = min(32, -(-vectors // (32 * max_vecs)))
     return warps, -(-vectors // (32 * warps))
 
 
@@ -64,6 +70,7 @@ class RmsNorm(KernelFamily):
     name = "rms_norm"
     Config = RmsNormConfig
     device_module = "rose_aot.kernels.rms_norm_device"
+    shape_fields = ("hidden",)
 
     def make_config(self, **values):
         dtype = values.get("dtype", "bfloat16")
@@ -105,10 +112,9 @@ class RmsNorm(KernelFamily):
         return (rows("x", c.dtype, False), weight, rows("out", c.out_dtype, True))
 
     def variants(self, c: RmsNormConfig, arch: Arch) -> tuple[Variant, ...]:
-        warps, per_thread = row_split(c.hidden, c.dtype)
         params = tuple(a.name for a in self.args(c))
 
-        def variant(name, rows):
+        def variant(name, warps, per_thread, rows):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0
             return Variant(
@@ -119,26 +125,29 @@ class RmsNorm(KernelFamily):
                 {"rows_per_block": rows, "warps_per_row": warps, "vecs_per_thread": per_thread},
             )
 
-        prefill_rows = max(1, PREFILL_WARPS // warps)
-        if prefill_rows == 1:
-            return (variant("prefill", 1),)
-        return (variant("decode", 1), variant("prefill", prefill_rows))
+        decode = variant("decode", *row_split(c.hidden, c.dtype, DECODE_VECS_PER_THREAD), 1)
+        warps, per_thread = row_split(c.hidden, c.dtype, PREFILL_VECS_PER_THREAD)
+        block_warps = prefill_warps(self.name, arch.name, c.prefill_warps)
+        prefill = variant("prefill", warps, per_thread, max(1, block_warps // warps))
+        return (decode, prefill)
 
     def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
         tokens = sizes["tokens"]
         if tokens == 0:
             return ()
-        variants = {v.name: v for v in self.variants(c, arch)}
-        warps, _ = row_split(c.hidden, c.dtype)
+        decode, prefill = self.variants(c, arch)
         if force is not None:
-            name = force if force in variants else "prefill"
-        elif "decode" in variants and tokens * warps < arch.sm_count:
-            name = "decode"  # fewer warps of work than SMs: one row per block
+            v = decode if force == "decode" else prefill
+        elif (
+            decode.constants["warps_per_row"] <= RMS_NORM_DECODE_ROW_WARPS
+            or tokens * decode.constants["warps_per_row"]
+            <= arch.sm_count * RMS_NORM_DECODE_WARPS_PER_SM
+        ):
+            v = decode  # measured rule, see tuning.py
         else:
-            name = "prefill"
-        v = variants[name]
+            v = prefill
         rows = v.constants["rows_per_block"]
-        return (Launch(name, (-(-tokens // rows), 1, 1), v.block, v.smem),)
+        return (Launch(v.name, (-(-tokens // rows), 1, 1), v.block, v.smem),)
 
     def reference(self, c: RmsNormConfig, *tensors) -> None:
         import torch

@@ -17,7 +17,7 @@ __all__ = [
     "get_kernel",
     "kernel_function",
     "set_max_dynamic_smem",
-    "kernel_param_info",
+    "function_param_info",
     "launcher",
     "raise_launch_error",
 ]
@@ -76,16 +76,16 @@ def set_max_dynamic_smem(kernel, device: int, nbytes: int, name: str) -> None:
     check(cu.cuKernelSetAttribute(attr, nbytes, kernel, dev), f"raising {name}'s shared memory")
 
 
-def kernel_param_info(kernel, name: str) -> list[tuple[int, int]]:
-    """(offset, size) of each parameter as the driver sees it (cuKernelGetParamInfo)."""
+def function_param_info(function, name: str) -> list[tuple[int, int]]:
+    """(offset, size) of each parameter as the driver sees it (cuFuncGetParamInfo)."""
     cu = driver()
-    # cuKernelGetParamCount is newer than the CUDA 13.0 driver; probe indices until refused.
+    # cuFuncGetParamCount is newer than the CUDA 13.0 driver; probe indices until refused.
     info = []
     while True:
-        err, offset, size = cu.cuKernelGetParamInfo(kernel, len(info))
+        err, offset, size = cu.cuFuncGetParamInfo(function, len(info))
         if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
             return info
-        check((err, offset, size), f"cuKernelGetParamInfo({name})")
+        check((err, offset, size), f"cuFuncGetParamInfo({name})")
         info.append((offset, size))
 
 

@@ -160,7 +160,7 @@ class KernelBundle:
         return lib
 
     def device_kernels(self, device: int, key: str, variant_name: str) -> list:
-        """CUkernel handles of one variant's entries, loaded into `device`'s context."""
+        """CUfunction handles of one variant's entries, loaded into `device`'s context."""
         arch = self.arch_for_device(device)
         cache_key = (device, key, arch, variant_name)
         kernels = self._device_kernels.get(cache_key)
@@ -187,8 +187,9 @@ class KernelBundle:
                     kernel = driver.get_kernel(lib, entry)
                     if variant["smem"] > 48 * 1024:
                         driver.set_max_dynamic_smem(kernel, device, variant["smem"], entry)
-                    driver.kernel_function(kernel, entry)  # loads the module now, not at launch
-                    kernels.append(kernel)
+                    # The context's own function: loads the module into this device's context now
+                    # (not at the first launch) and spares the driver a per-launch lookup.
+                    kernels.append(driver.kernel_function(kernel, entry))
             self._device_kernels[cache_key] = kernels
             return kernels
 

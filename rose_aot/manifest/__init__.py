@@ -9,6 +9,7 @@ from .schema import (
     find_manifests,
     load_manifest,
     load_manifests,
+    parse_manifest,
 )
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "Manifest",
     "MAX_POINTS_PER_ENTRY",
     "load_manifest",
+    "parse_manifest",
     "find_manifests",
     "load_manifests",
 ]

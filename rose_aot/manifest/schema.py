@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..archs import DEFAULT_ARCHS, get_arch
+from ..bundle.format import MAGIC as BUNDLE_MAGIC
 from ..errors import ConfigError, ManifestError
 from ..kernels import get_family
 
@@ -43,6 +44,7 @@ __all__ = [
     "Manifest",
     "MAX_POINTS_PER_ENTRY",
     "load_manifest",
+    "parse_manifest",
     "find_manifests",
     "load_manifests",
 ]
@@ -84,7 +86,12 @@ class Manifest:
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read and validate one manifest file."""
     path = Path(path)
-    data = _read_bytes(path)
+    return parse_manifest(_read_bytes(path), path)
+
+
+def parse_manifest(data: bytes, path: str | os.PathLike) -> Manifest:
+    """Validate manifest bytes; `path` names them in errors and in the Manifest (default name)."""
+    path = Path(path)
     doc = _parse_toml(path, data)
     for key in doc:
         if key not in _TOP_LEVEL_KEYS:
@@ -186,6 +193,12 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _parse_toml(path: Path, data: bytes) -> dict[str, Any]:
+    if data.startswith(BUNDLE_MAGIC):
+        raise ManifestError(
+            path,
+            "is a rose-aot bundle, not a manifest; pass the manifest .toml files here "
+            "(a bundle goes to --bundle, or to `rose-aot inspect`)",
+        )
     if b"\0" in data:
         raise ManifestError(
             path,

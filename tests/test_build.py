@@ -1,0 +1,426 @@
+"""The builder with the real CuTeDSL (no mocks): single points, PTX properties, the parameter ABI of
+every shipped point, the shipped bundle (round trip, cache, determinism, corruption) and errors.
+
+Compiles run in this process where a test calls compile_point directly (the DSL import costs
+~1 s once), and in spawned workers where it goes through build_bundle. The shipped manifests are
+built once per session by the `shipped_build` fixture (tests/fixtures_build.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata as md
+import json
+import pickle
+import re
+import struct
+
+import pytest
+from click.testing import CliRunner
+
+from fixtures_build import BUILD_JOBS, MANIFEST_DIR
+from rose_aot.archs import ARCHS, get_arch
+from rose_aot.builder.build import ArtifactCache, WorkItem, _compile_task, build_bundle
+from rose_aot.bundle import FORMAT_VERSION, HEADER_SIZE, MAGIC, BundleReader
+from rose_aot.cli import main as cli
+from rose_aot.errors import BuildError, BundleError, RoseAotError
+from rose_aot.kernels import get_family
+from rose_aot.kernels.qk_norm import QkNormConfig
+from rose_aot.kernels.rms_norm import RmsNormConfig
+from rose_aot.kernels.spec import param_fields, param_size
+from rose_aot.loader import open_bundle
+from rose_aot.manifest import Manifest, Point, load_manifests
+
+ARCH_NAMES = ("sm_90a", "sm_100a")
+SHIPPED = load_manifests([MANIFEST_DIR])  # plain TOML + config validation; no build
+SHIPPED_ITEMS = sorted(
+    {(p.family, p.key, arch) for m in SHIPPED for p in m.points for arch in m.archs}
+)
+SHIPPED_CONFIGS = {p.key: p.config for m in SHIPPED for p in m.points}
+
+# ------------------------------------------------------------------------------ PTX reading
+# Independent of rose_aot.builder.ptx on purpose: these tests check the builder's own parser too.
+
+_ENTRY = re.compile(r"\.visible\s+\.entry\s+([\w$]+)\s*\(([^)]*)\)\s*([^{]*)\{", re.S)
+_PARAM_ARRAY = re.compile(r"^\s*\.param\s+(?:\.align\s+(\d+)\s+)?\.b8\s+[\w$]+\[(\d+)\]\s*$")
+_PARAM_SCALAR = re.compile(r"^\s*\.param\s+\.[usbf](8|16|32|64)\s+[\w$]+\s*$")
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st)\.global[\w.:]*)\s", re.M)
+
+
+def ptx_entries(ptx: str) -> dict[str, dict]:
+    """{entry name: {"params": [bytes...], "directives": text between ')' and '{'}}."""
+    entries = {}
+    for m in _ENTRY.finditer(ptx):
+        decls = [d for d in m.group(2).split(",") if d.strip()]
+        sizes = []
+        for d in decls:
+            if a := _PARAM_ARRAY.match(d):
+                sizes.append(int(a.group(2)))
+            elif s := _PARAM_SCALAR.match(d):
+                sizes.append(int(s.group(1)) // 8)
+            else:
+                raise AssertionError(f"unparsed PTX parameter {d!r}")
+        entries[m.group(1)] = {"params": sizes, "directives": m.group(3)}
+    return entries
+
+
+def reqntid(directives: str) -> tuple[int, int, int] | None:
+    m = re.search(r"\.reqntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?", directives)
+    return None if m is None else tuple(int(g or 1) for g in m.groups())
+
+
+def access_bits(op: str) -> int:
+    """Bits moved by one ld/st instruction, e.g. ld.global.v4.b32 -> 128."""
+    m = re.search(r"(?:\.v(\d))?\.[busf](8|16|32|64|128)$", op)
+    assert m, f"cannot size {op}"
+    return int(m.group(1) or 1) * int(m.group(2))
+
+
+# ------------------------------------------------------------------------------ (a) compile_point
+
+
+@functools.cache
+def _compiled(family_name: str, values: tuple, arch: str):
+    from rose_aot.builder.compile import compile_point
+
+    config = get_family(family_name).make_config(**dict(values))
+    return config, compile_point(family_name, config, arch)
+
+
+SINGLE_POINTS = [
+    ("rms_norm", (("hidden", 4096), ("eps", 1e-5))),
+    ("qk_norm", (("num_q_heads", 32), ("num_k_heads", 4), ("head_dim", 128))),
+]
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+@pytest.mark.parametrize("family_name,values", SINGLE_POINTS, ids=[f for f, _ in SINGLE_POINTS])
+def test_compile_point(family_name, values, arch):
+    config, compiled = _compiled(family_name, values, arch)
+    family = get_family(family_name)
+    variants = family.variants(config, get_arch(arch))
+    args = {a.name: a for a in family.args(config)}
+    assert [c.name for c in compiled] == [v.name for v in variants]
+    for c, v in zip(compiled, variants):
+        assert re.search(rf"^\.target\s+{arch}\s*$", c.ptx, re.M), "PTX for another arch"
+        assert re.search(r"^\.version\s+\d+\.\d+\s*$", c.ptx, re.M)
+        assert "// Cuda compilation tools, release" in c.ptx
+        assert c.cubin[:4] == b"\x7fELF" and c.cubin[4] == 2  # ELF64
+        assert struct.unpack_from("<H", c.cubin, 18)[0] == 190  # e_machine EM_CUDA
+        entries = ptx_entries(c.ptx)
+        assert c.entries and set(c.entries) <= set(entries)
+        want = [param_size(args[p]) for p in v.params]
+        for name in c.entries:
+            assert entries[name]["params"] == want, name
+            assert reqntid(entries[name]["directives"]) == v.block
+        assert c.param_sizes == [want] * len(c.entries)
+        assert c.seconds > 0
+
+
+# ------------------------------------------------------------------------------ (b) qk_norm PTX
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_qk_norm_ptx_is_vectorized_shuffled_and_register_only(head_dim, arch):
+    values = (("num_q_heads", 32), ("num_k_heads", 8), ("head_dim", head_dim), ("dtype", "bfloat16"))
+    config, compiled = _compiled("qk_norm", values, arch)
+    variants = {v.name: v for v in get_family("qk_norm").variants(config, get_arch(arch))}
+    assert set(variants) == {c.name for c in compiled} == {"decode", "prefill"}
+    for c in compiled:
+        v = variants[c.name]
+        lanes = v.constants["lanes_per_head"]
+        assert lanes == min(32, head_dim // 8)
+        where = f"head_dim={head_dim} {arch} {c.name}"
+
+        accesses = _GLOBAL_ACCESS.findall(c.ptx)
+        assert len(accesses) == len(re.findall(r"\b(?:ld|st)\.global\b", c.ptx)), "unparsed access"
+        loads = [a for a in accesses if a.startswith("ld.")]
+        stores = [a for a in accesses if a.startswith("st.")]
+        # q or k + its weight per vector, loaded; q or k stored.
+        assert loads and stores, f"{where}: no global loads/stores found"
+        narrow = sorted({a for a in accesses if access_bits(a) != 128})
+        assert not narrow, f"{where}: global accesses narrower than 128 bits: {narrow}"
+
+        shuffles = re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+,\s*%r\d+,\s*(\d+),", c.ptx)
+        rounds = lanes.bit_length() - 1  # log2(lanes)
+        assert len(shuffles) == rounds, f"{where}: {len(shuffles)} butterfly rounds, want {rounds}"
+        assert sorted(map(int, shuffles), reverse=True) == [lanes >> (i + 1) for i in range(rounds)]
+        assert not re.search(r"shfl\.sync\.(?!bfly)", c.ptx), f"{where}: other shuffles"
+
+        local = re.findall(r"\.local\b|\bld\.local|\bst\.local", c.ptx)
+        assert not local, f"{where}: local memory (register spills or a stack array): {local}"
+
+        entries = ptx_entries(c.ptx)
+        assert len(c.entries) == 1
+        assert reqntid(entries[c.entries[0]]["directives"]) == v.block == (32 * v.constants["warps"], 1, 1)
+
+
+# ------------------------------------------------------------------------------ shipped bundle
+
+
+@pytest.fixture(scope="module")
+def shipped(shipped_build):
+    return open_bundle(shipped_build.path)
+
+
+# (c) every shipped point x arch: the PTX parameter sizes are the spec's packed sizes.
+@pytest.mark.parametrize(
+    "family_name,key,arch", SHIPPED_ITEMS, ids=[f"{k}@{a}" for _, k, a in SHIPPED_ITEMS]
+)
+def test_ptx_param_sizes_equal_spec_for_every_shipped_point(shipped, family_name, key, arch):
+    family = get_family(family_name)
+    config = SHIPPED_CONFIGS[key]
+    args = {a.name: a for a in family.args(config)}
+    (point,) = [p for p in shipped.index["points"] if p["key"] == key and p["arch"] == arch]
+    specs = {v.name: v for v in family.variants(config, get_arch(arch))}
+    assert {v["name"] for v in point["variants"]} == set(specs)
+    for record in point["variants"]:
+        spec = specs[record["name"]]
+        want = [param_size(args[p]) for p in spec.params]
+        ptx = shipped.reader.blob(record["ptx"]).decode()
+        entries = ptx_entries(ptx)
+        assert record["entries"] and set(record["entries"]) <= set(entries)
+        assert re.search(rf"^\.target\s+{arch}\s*$", ptx, re.M)
+        for name in record["entries"]:
+            assert entries[name]["params"] == want, f"{key}@{arch}/{record['name']} {name}"
+            assert reqntid(entries[name]["directives"]) == tuple(record["block"]) == spec.block
+        assert record["param_sizes"] == [want] * len(record["entries"])
+        assert record["param_layouts"] == [
+            [f.to_json() for f in param_fields(args[p])] for p in spec.params
+        ]
+        assert record["smem"] == spec.smem and record["params"] == list(spec.params)
+
+
+# (d) the shipped bundle itself.
+def test_shipped_bundle_round_trip(shipped_build, shipped):
+    summary = shipped_build.summary
+    assert summary.compiled == len(SHIPPED_ITEMS) and summary.cached == 0
+    assert summary.points == len(SHIPPED_CONFIGS)
+    assert summary.bundle_bytes == shipped_build.path.stat().st_size
+    assert [(d, t) for d, t, *_ in shipped_build.progress] == [
+        (i + 1, len(SHIPPED_ITEMS)) for i in range(len(SHIPPED_ITEMS))
+    ]
+
+    assert shipped.archs == sorted(ARCH_NAMES)
+    assert shipped.points() == sorted(SHIPPED_CONFIGS)
+    for arch in ARCH_NAMES:
+        assert shipped.points(arch) == sorted(SHIPPED_CONFIGS)
+    assert sorted((p["family"], p["key"], p["arch"]) for p in shipped.index["points"]) == SHIPPED_ITEMS
+
+    recorded = shipped.index["manifests"]
+    assert [m["name"] for m in recorded] == sorted(m.name for m in SHIPPED)
+    for m in SHIPPED:
+        (rec,) = [r for r in recorded if r["name"] == m.name]
+        file_digest = hashlib.sha256((MANIFEST_DIR / f"{m.name}.toml").read_bytes()).hexdigest()
+        assert rec["digest"] == m.digest == file_digest
+        assert rec["archs"] == list(m.archs)
+        assert rec["points"] == sorted(p.key for p in m.points)
+
+    for name, fam in shipped.index["families"].items():
+        assert fam["source_digest"] == get_family(name).source_digest()
+
+    # Every shipped point is found by its config, as a serving engine would look it up.
+    for key, config in SHIPPED_CONFIGS.items():
+        family_name = key.split("(")[0]
+        handle = shipped.kernel(family_name, **{f: getattr(config, f) for f in config.__dataclass_fields__})
+        assert handle.key == key
+
+
+def test_shipped_bundle_records_the_toolchain(shipped):
+    tc = shipped.index["toolchain"]
+    installed = {}
+    for name in (
+        "nvidia-cutlass-dsl",
+        "nvidia-cutlass-dsl-libs-base",
+        "nvidia-cutlass-dsl-libs-core",
+        "nvidia-cutlass-dsl-libs-cu12",
+        "nvidia-cutlass-dsl-libs-cu13",
+    ):
+        try:
+            installed[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    assert tc["packages"] == installed and "nvidia-cutlass-dsl-libs-cu12" in installed
+    assert tc["cuda_flavour"] == "cu12"
+    assert re.fullmatch(r"\d+\.\d+", tc["ptx_isa"])
+    assert tc["compiler"].startswith("Cuda compilation tools, release")
+    assert sorted(tc["cubin_elf_abi"]) == sorted(ARCH_NAMES)
+    seen = {arch: set() for arch in ARCH_NAMES}
+    for point in shipped.index["points"]:
+        for v in point["variants"]:
+            cubin = shipped.reader.blob(v["cubin"])
+            assert cubin[:4] == b"\x7fELF"
+            seen[point["arch"]].add(cubin[8])  # EI_ABIVERSION
+            ptx = shipped.reader.blob(v["ptx"]).decode()
+            assert re.search(rf"^\.version\s+{re.escape(tc['ptx_isa'])}\s*$", ptx, re.M)
+            assert f"// {tc['compiler']}" in ptx
+    assert seen == {arch: {tc["cubin_elf_abi"][arch]} for arch in ARCH_NAMES}
+
+
+def test_rebuild_with_the_same_cache_compiles_nothing_and_is_byte_identical(
+    shipped_build, tmp_path
+):
+    events = []
+    summary = build_bundle(
+        shipped_build.manifests,
+        tmp_path / "again.rosebundle",
+        jobs=BUILD_JOBS,
+        cache=ArtifactCache(shipped_build.cache_dir),
+        progress=lambda done, total, r: events.append(r.cached),
+    )
+    assert (summary.compiled, summary.cached) == (0, len(SHIPPED_ITEMS))
+    assert events == [True] * len(SHIPPED_ITEMS)
+    assert (tmp_path / "again.rosebundle").read_bytes() == shipped_build.data
+
+
+def test_rebuild_from_scratch_is_byte_identical(shipped_build, tmp_path, monkeypatch):
+    # The determinism test: fresh cache, fresh worker processes, another job count and
+    # another working directory give the same bytes.
+    monkeypatch.chdir(tmp_path)
+    summary = build_bundle(
+        shipped_build.manifests,
+        tmp_path / "fresh.rosebundle",
+        jobs=1,
+        cache=ArtifactCache(tmp_path / "fresh-cache"),
+    )
+    assert (summary.compiled, summary.cached) == (len(SHIPPED_ITEMS), 0)
+    fresh = (tmp_path / "fresh.rosebundle").read_bytes()
+    if fresh != shipped_build.data:
+        a = BundleReader.from_bytes(fresh).index
+        b = BundleReader.from_bytes(shipped_build.data).index
+        differing = sorted(
+            name
+            for name in set(a["blobs"]) | set(b["blobs"])
+            if a["blobs"].get(name, {}).get("raw_sha256") != b["blobs"].get(name, {}).get("raw_sha256")
+        )
+        pytest.fail(f"rebuild differs; artifacts that differ: {differing[:5]} (index same: "
+                    f"{ {k: v for k, v in a.items() if k != 'blobs'} == {k: v for k, v in b.items() if k != 'blobs'} })")
+
+
+# Corruption of the real bundle: every damaged copy fails to open, and `rose-aot verify` says so.
+
+
+def _expect_rejected(path, what: str):
+    with pytest.raises(BundleError) as info:
+        open_bundle(path)
+    assert str(path) in str(info.value), f"{what}: the message does not name the file"
+    result = CliRunner().invoke(cli, ["verify", str(path)])
+    assert result.exit_code == 1, f"{what}: verify exited {result.exit_code}: {result.output}"
+    assert "Error:" in result.output
+    return info.value
+
+
+def test_every_sampled_bit_flip_is_rejected(shipped_build, tmp_path):
+    data = shipped_build.data
+    size = len(data)
+    offsets = sorted({0, size - 1} | {round(i * (size - 1) / 199) for i in range(200)})
+    assert len(offsets) >= 200
+    path = tmp_path / "flipped.rosebundle"
+    for n, offset in enumerate(offsets):
+        damaged = bytearray(data)
+        damaged[offset] ^= 1 << (n % 8)
+        path.write_bytes(bytes(damaged))
+        _expect_rejected(path, f"bit {n % 8} of byte {offset}/{size}")
+
+
+def test_every_sampled_truncation_is_rejected(shipped_build, tmp_path):
+    data = shipped_build.data
+    size = len(data)
+    (index_size,) = struct.unpack_from("<Q", data, 16)
+    special = {0, 1, 7, 8, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + index_size - 1,
+               HEADER_SIZE + index_size, HEADER_SIZE + index_size + 1, size - 1}
+    lengths = sorted(special | {round(i * (size - 1) / 49) for i in range(50)})
+    assert len(lengths) >= 50 and max(lengths) < size
+    path = tmp_path / "truncated.rosebundle"
+    for length in lengths:
+        path.write_bytes(data[:length])
+        _expect_rejected(path, f"truncated to {length}/{size} bytes")
+
+
+@pytest.mark.parametrize("magic", [b"ROSEAOT\x01", b"\x7fELF\x02\x01\x01\x00", b"\0" * 8, b"roseaot\0"])
+def test_wrong_magic_is_rejected(shipped_build, tmp_path, magic):
+    path = tmp_path / "magic.rosebundle"
+    path.write_bytes(magic + shipped_build.data[len(MAGIC):])
+    err = _expect_rejected(path, f"magic {magic!r}")
+    assert "not a rose-aot bundle" in str(err)
+
+
+@pytest.mark.parametrize("version", [0, FORMAT_VERSION + 1, 2**32 - 1])
+def test_wrong_version_is_rejected(shipped_build, tmp_path, version):
+    data = bytearray(shipped_build.data)
+    struct.pack_into("<I", data, 8, version)
+    path = tmp_path / "version.rosebundle"
+    path.write_bytes(bytes(data))
+    err = _expect_rejected(path, f"version {version}")
+    assert f"format version {version}" in str(err) and f"format version {FORMAT_VERSION}" in str(err)
+
+
+def test_verify_accepts_the_intact_bundle(shipped_build):
+    result = CliRunner().invoke(cli, ["verify", "--json", str(shipped_build.path)])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["ok"] is True and info["artifacts"] == 2 * sum(
+        len(p["variants"]) for p in open_bundle(shipped_build.path).index["points"]
+    )
+
+
+# ------------------------------------------------------------------------------ (e) BuildError
+
+BROKEN = [
+    # Configs that make_config rejects, built directly to reach the compiler.
+    pytest.param("rms_norm", RmsNormConfig(hidden=0), "sm_90a", id="rms_norm-hidden0-sm_90a"),
+    pytest.param(
+        "qk_norm", QkNormConfig(num_q_heads=2, num_k_heads=2, head_dim=4), "sm_100a",
+        id="qk_norm-head_dim4-sm_100a",
+    ),
+]
+
+
+@pytest.mark.parametrize("family_name,config,arch", BROKEN)
+def test_compile_error_names_the_point_and_arch(family_name, config, arch):
+    item = WorkItem(family_name, config, arch)
+    with pytest.raises(BuildError) as info:
+        _compile_task(item)
+    err = info.value
+    assert item.key.startswith(family_name + "(")
+    assert err.point == item.key and err.arch == arch
+    assert item.key in str(err) and arch in str(err)
+    assert err.reason and err.reason in str(err)  # the compiler's own message is kept
+
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is BuildError and isinstance(copy, RoseAotError)
+    assert (copy.point, copy.arch, copy.reason, str(copy)) == (err.point, err.arch, err.reason, str(err))
+
+
+def test_build_error_pickles_with_its_fields():
+    err = BuildError("rms_norm(hidden=12,...)", "sm_100a", "DSLRuntimeError: something\nline 2")
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is BuildError
+    assert (copy.point, copy.arch, copy.reason) == (err.point, err.arch, err.reason)
+    assert str(copy) == str(err) and copy.args == err.args
+
+
+def test_failing_point_in_a_worker_fails_the_build_and_writes_nothing(tmp_path):
+    # Through the spawned process pool: the error crosses a process boundary intact.
+    good = get_family("rms_norm").make_config(hidden=1024)
+    bad = RmsNormConfig(hidden=0)
+    manifest = Manifest(
+        name="broken",
+        path=str(tmp_path / "broken.toml"),
+        digest="0" * 64,
+        description="",
+        archs=("sm_90a",),
+        points=(Point("rms_norm", good), Point("rms_norm", bad)),
+    )
+    out = tmp_path / "out" / "broken.rosebundle"
+    cache = ArtifactCache(tmp_path / "cache")
+    with pytest.raises(BuildError) as info:
+        build_bundle([manifest], out, jobs=1, cache=cache)
+    bad_key = WorkItem("rms_norm", bad, "sm_90a").key
+    assert info.value.point == bad_key and info.value.arch == "sm_90a"
+    assert bad_key in str(info.value)
+    assert not out.exists()
+    # No bundle and no temporary file left behind.
+    assert not out.parent.exists() or not any(out.parent.iterdir())

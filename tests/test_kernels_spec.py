@@ -1,0 +1,517 @@
+"""Plain-Python kernel specs (no compile, no cutlass): point keys, launch plans, parameter ABI.
+
+The launch rule under test (rms_norm.py, qk_norm.py): a point has a narrow "decode" variant
+for small batches and a wider "prefill" variant; the plan switches from decode to prefill once at
+a token count that grows with the SM count of the TARGET arch (132 on sm_90a = H100/H200, 148 on
+sm_100a = B200), never of the build machine. The exact threshold formula is tuning and is not
+pinned here; the switch point is found by search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import struct
+
+import pytest
+
+from rose_aot.archs import ARCHS, get_arch
+from rose_aot.errors import ConfigError
+from rose_aot.kernels import FAMILIES, config_digest, get_family, point_key
+from rose_aot.kernels.spec import Dim, ParamField, ScalarArg, TensorArg, param_fields, param_size
+
+SEED = 20261129
+
+# ------------------------------------------------------------------------------ point keys
+
+# A valid base point of each family with the dtype fields set explicitly (make_config derives
+# out_dtype / weight_dtype from dtype when they are left out, which would change two fields at
+# once). Fields left out take their defaults.
+BASE = {
+    "rms_norm": dict(
+        hidden=4096,
+        dtype="bfloat16",
+        out_dtype="bfloat16",
+        weight_dtype="bfloat16",
+        eps=1e-6,
+        weight_offset=0.0,
+        fused_residual=False,
+    ),
+    "qk_norm": dict(
+        num_q_heads=32,
+        num_k_heads=8,
+        head_dim=128,
+        dtype="bfloat16",
+        weight_dtype="bfloat16",
+        eps=1e-6,
+        weight_offset=0.0,
+    ),
+}
+# Preferred other value per field; fields not listed (new ones) get one derived from their
+# choices, type and current value by _other_value.
+OTHER = {
+    "rms_norm": dict(hidden=2048, dtype="float16", out_dtype="float32", weight_dtype="float32",
+                     eps=1e-5, weight_offset=1.0, fused_residual=True),
+    "qk_norm": dict(num_q_heads=16, num_k_heads=4, head_dim=256, dtype="float16",
+                    weight_dtype="float32", eps=1e-5, weight_offset=1.0),
+}
+FIELD_CASES = [
+    (name, f.name) for name, fam in sorted(FAMILIES.items()) for f in dataclasses.fields(fam.Config)
+]
+
+
+def _candidates(family_name, field: dataclasses.Field, current):
+    if field.name in OTHER.get(family_name, {}):
+        yield OTHER[family_name][field.name]
+    yield from field.metadata.get("choices", ())
+    if isinstance(current, bool):
+        yield not current
+    elif isinstance(current, int):
+        yield from (current * 2, current // 2, current + 8, current + 1)
+    elif isinstance(current, float):
+        yield from (current * 2, current + 1.0, 1e-5, 0.5)
+
+
+def _other_value(family_name, field_name):
+    """(base config, config differing in exactly `field_name`), both through make_config."""
+    family = get_family(family_name)
+    values = BASE.get(family_name, {})
+    base = family.make_config(**values)
+    field = next(f for f in dataclasses.fields(base) if f.name == field_name)
+    current = getattr(base, field_name)
+    for candidate in _candidates(family_name, field, current):
+        if candidate == current:
+            continue
+        try:
+            changed = family.make_config(**{**values, field_name: candidate})
+        except ConfigError:
+            continue
+        diff = [
+            f.name for f in dataclasses.fields(base) if getattr(base, f.name) != getattr(changed, f.name)
+        ]
+        if diff == [field_name]:
+            return base, changed
+    pytest.fail(f"{family_name}.{field_name}: no valid other value found; add one to OTHER")
+
+
+def test_base_points_are_valid_and_every_family_is_covered():
+    assert set(BASE) == set(FAMILIES)
+    for name, values in BASE.items():
+        config = get_family(name).make_config(**values)
+        for field, value in values.items():
+            assert getattr(config, field) == value
+
+
+@pytest.mark.parametrize("family_name,field", FIELD_CASES)
+def test_point_key_changes_when_one_field_changes(family_name, field):
+    family = get_family(family_name)
+    base, changed = _other_value(family_name, field)
+    assert family.key(base) != family.key(changed)
+    assert point_key(family_name, base) == family.key(base)
+    assert config_digest(family_name, base) != config_digest(family_name, changed)
+    # The key names the field, so two bundles' listings can be told apart by eye.
+    assert f"{field}=" in family.key(changed)
+
+
+@pytest.mark.parametrize("family_name", sorted(BASE))
+def test_point_key_changes_for_the_nearest_different_float(family_name):
+    family = get_family(family_name)
+    base = family.make_config(**BASE[family_name])
+    eps = math.nextafter(BASE[family_name]["eps"], 1.0)
+    near = family.make_config(**{**BASE[family_name], "eps": eps})
+    assert family.key(base) != family.key(near)
+
+
+@pytest.mark.parametrize("family_name", sorted(BASE))
+def test_equal_configs_give_one_key(family_name):
+    family = get_family(family_name)
+    values = BASE[family_name]
+    a = family.make_config(**values)
+    b = family.make_config(**dict(reversed(list(values.items()))))  # other keyword order
+    c = family.Config(**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)})  # directly
+    assert a == b == c and hash(a) == hash(b) == hash(c)
+    assert family.key(a) == family.key(b) == family.key(c)
+    assert config_digest(family_name, a) == config_digest(family_name, c)
+
+
+@pytest.mark.parametrize("family_name", sorted(BASE))
+def test_minus_zero_and_zero_give_one_key(family_name):
+    family = get_family(family_name)
+    plus = family.make_config(**{**BASE[family_name], "weight_offset": 0.0})
+    minus = family.make_config(**{**BASE[family_name], "weight_offset": -0.0})
+    assert math.copysign(1.0, minus.weight_offset) == 1.0, "-0.0 must be folded into 0.0"
+    assert family.key(plus) == family.key(minus)
+    assert "weight_offset=0.0" in family.key(minus) and "-0.0" not in family.key(minus)
+    assert config_digest(family_name, plus) == config_digest(family_name, minus)
+
+
+@pytest.mark.parametrize("family_name", sorted(BASE))
+def test_int_and_float_spellings_of_a_float_field_give_one_key(family_name):
+    family = get_family(family_name)
+    as_float = family.make_config(**{**BASE[family_name], "weight_offset": 1.0})
+    as_int = family.make_config(**{**BASE[family_name], "weight_offset": 1})
+    assert type(as_int.weight_offset) is float
+    assert family.key(as_int) == family.key(as_float)
+
+
+def test_key_spells_values_canonically_in_field_order():
+    family = get_family("rms_norm")
+    config = family.make_config(**{**BASE["rms_norm"], "fused_residual": True})
+    key = family.key(config)
+    assert key.startswith("rms_norm(") and key.endswith(")")
+    parts = key[len("rms_norm(") : -1].split(",")
+    assert [p.split("=")[0] for p in parts] == [f.name for f in dataclasses.fields(config)]
+    for part in ("hidden=4096", "dtype=bfloat16", "eps=1e-06", "weight_offset=0.0",
+                 "fused_residual=true"):
+        assert part in parts, (part, key)
+
+
+@pytest.mark.parametrize(
+    "family_name,values,field",
+    [
+        ("rms_norm", {"hidden": 4096, "bogus": 1}, "bogus"),
+        ("rms_norm", {"hidden": "4096"}, "hidden"),
+        ("rms_norm", {"hidden": 4100}, "hidden"),
+        ("rms_norm", {"hidden": 4096, "eps": float("nan")}, "eps"),
+        ("qk_norm", {"num_q_heads": 32, "num_k_heads": 8, "head_dim": 96}, "head_dim"),
+        ("qk_norm", {"num_q_heads": 32, "head_dim": 128}, "num_k_heads"),
+    ],
+)
+def test_make_config_rejects_with_the_field_named(family_name, values, field):
+    with pytest.raises(ConfigError) as info:
+        get_family(family_name).make_config(**values)
+    assert info.value.field == field and f"'{field}'" in str(info.value)
+
+
+# ------------------------------------------------------------------------------ launch plans
+
+PLAN_CONFIGS = [
+    ("rms_norm", dict(hidden=4096)),
+    ("rms_norm", dict(hidden=2048)),
+    ("rms_norm", dict(hidden=3840, weight_offset=1.0, fused_residual=True)),  # predicated tail
+    ("rms_norm", dict(hidden=16384)),
+    ("rms_norm", dict(hidden=1024, dtype="float32")),
+    ("qk_norm", dict(num_q_heads=32, num_k_heads=4, head_dim=128)),  # 16 lanes per head
+    ("qk_norm", dict(num_q_heads=16, num_k_heads=8, head_dim=256, weight_offset=1.0)),
+    ("qk_norm", dict(num_q_heads=1, num_k_heads=1, head_dim=64)),  # 8 lanes per head
+    ("qk_norm", dict(num_q_heads=40, num_k_heads=8, head_dim=128, dtype="float32")),
+]
+PLAN_IDS = [f"{f}-" + "-".join(f"{k}{v}" for k, v in vals.items()) for f, vals in PLAN_CONFIGS]
+_rng = random.Random(SEED)
+TOKEN_COUNTS = sorted(
+    {0, 1, 2, 3, 7, 8, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 4096, 20011}
+    | {_rng.randrange(1, 70000) for _ in range(12)}
+)
+MAX_TOKENS = 1 << 22
+
+
+def _variant(family, config, arch, tokens) -> str:
+    (launch,) = family.plan(config, arch, {"tokens": tokens})
+    return launch.variant
+
+
+def _switch_point(family, config, arch) -> int | None:
+    """The smallest token count planned as prefill (1: always prefill; None: decode up to
+    MAX_TOKENS). Checks there is one switch: every smaller count is decode and a spread of
+    larger ones prefill."""
+    if _variant(family, config, arch, MAX_TOKENS) == "decode":
+        switch = None
+    else:
+        lo, hi = 1, MAX_TOKENS  # the answer lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _variant(family, config, arch, mid) == "prefill":
+                hi = mid
+            else:
+                lo = mid + 1
+        switch = lo
+    end = MAX_TOKENS + 1 if switch is None else switch
+    below = [*range(1, min(end, 3000)), *range(max(3000, end - 2000), min(end, MAX_TOKENS + 1), 7)]
+    for tokens in below:
+        assert _variant(family, config, arch, tokens) == "decode", (arch.name, tokens, switch)
+    if switch is not None:
+        for tokens in sorted({switch, switch + 1, 2 * switch, 3 * switch + 7, *TOKEN_COUNTS[1:]}):
+            if tokens >= switch:
+                assert _variant(family, config, arch, tokens) == "prefill", (arch.name, tokens)
+    return switch
+
+
+def _later(a: int | None, b: int | None) -> bool:
+    """Switch point a comes strictly later than b (None = never)."""
+    return a != b and (a is None or (b is not None and a > b))
+
+
+@pytest.mark.parametrize("arch_name", sorted(ARCHS))
+@pytest.mark.parametrize("family_name,values", PLAN_CONFIGS, ids=PLAN_IDS)
+def test_plan_switches_once_from_decode_to_prefill(family_name, values, arch_name):
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    arch = get_arch(arch_name)
+    assert {v.name for v in family.variants(config, arch)} == {"decode", "prefill"}
+    switch = _switch_point(family, config, arch)
+    # More SMs on the target never end the decode range earlier.
+    previous = 1
+    for sm_count in (16, 66, 132, 148, 264, 1024):
+        moved = _switch_point(family, config, dataclasses.replace(arch, sm_count=sm_count))
+        assert not _later(previous, moved), (sm_count, previous, moved)
+        previous = moved
+    assert switch == _switch_point(family, config, arch)  # a pure function of its inputs
+
+
+@pytest.mark.parametrize("family_name", sorted(FAMILIES))
+def test_target_arch_decides_between_decode_and_prefill(family_name):
+    """Some point of each family plans the same token count differently for sm_90a (132 SMs)
+    and sm_100a (148 SMs): the choice comes from the TARGET, whatever machine builds or plans."""
+    h100, b200 = get_arch("sm_90a"), get_arch("sm_100a")
+    assert (h100.sm_count, b200.sm_count) == (132, 148)
+    shown = []
+    for name, values in PLAN_CONFIGS:
+        if name != family_name:
+            continue
+        family = get_family(name)
+        config = family.make_config(**values)
+        s90, s100 = _switch_point(family, config, h100), _switch_point(family, config, b200)
+        if s90 == s100:
+            continue
+        # A token count between the two thresholds.
+        low, high = sorted([s90, s100], key=lambda s: MAX_TOKENS + 1 if s is None else s)
+        tokens = low if high is None else (low + high) // 2
+        assert low <= tokens and (high is None or tokens < high)
+        want_90 = "decode" if _later(s90, s100) else "prefill"
+        want_100 = "prefill" if want_90 == "decode" else "decode"
+        assert _variant(family, config, h100, tokens) == want_90, (values, tokens, s90, s100)
+        assert _variant(family, config, b200, tokens) == want_100, (values, tokens, s90, s100)
+        shown.append((values, tokens))
+    assert shown, f"no {family_name} point plans differently on sm_90a and sm_100a"
+
+
+@pytest.mark.parametrize("family_name", sorted(FAMILIES))
+def test_sm_count_of_the_target_moves_the_switch(family_name):
+    """For some point and arch of each family the decode range grows with the target's SM count
+    (the seed rule: decode while the work is about one wave of the target's SMs)."""
+    moved = []
+    for name, values in PLAN_CONFIGS:
+        if name != family_name:
+            continue
+        family = get_family(name)
+        config = family.make_config(**values)
+        for arch_name in sorted(ARCHS):
+            arch = get_arch(arch_name)
+            few = _switch_point(family, config, dataclasses.replace(arch, sm_count=132))
+            many = _switch_point(family, config, dataclasses.replace(arch, sm_count=148))
+            if _later(many, few):
+                moved.append((values, arch_name, few, many))
+    assert moved, f"no {family_name} point whose decode/prefill choice depends on the SM count"
+
+
+@pytest.mark.parametrize("arch_name", sorted(ARCHS))
+@pytest.mark.parametrize("family_name,values", PLAN_CONFIGS, ids=PLAN_IDS)
+def test_grid_covers_every_unit_exactly_once(family_name, values, arch_name):
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    arch = get_arch(arch_name)
+    variants = {v.name: v for v in family.variants(config, arch)}
+    checked = 0
+    for force in [None, *variants]:
+        for tokens in TOKEN_COUNTS:
+            if tokens == 0:
+                continue
+            (launch,) = family.plan(config, arch, {"tokens": tokens}, force)
+            v = variants[launch.variant]
+            if family_name == "rms_norm":  # a block normalizes rows_per_block whole rows
+                units, per_block = tokens, v.constants["rows_per_block"]
+            else:  # a block normalizes threads / lanes_per_head heads over (token, Q|K head)
+                units = tokens * (config.num_q_heads + config.num_k_heads)
+                per_block = v.threads // v.constants["lanes_per_head"]
+            gx, gy, gz = launch.grid
+            assert (gy, gz) == (1, 1) and gx >= 1
+            assert gx * per_block >= units, f"tokens={tokens}: {gx} x {per_block} < {units}"
+            assert (gx - 1) * per_block < units, f"tokens={tokens}: a whole block idles"
+            assert launch.block == v.block and launch.smem == v.smem
+            assert launch.cooperative is False and launch.entry == 0
+            checked += 1
+    assert checked == (1 + len(variants)) * (len(TOKEN_COUNTS) - 1)
+
+
+@pytest.mark.parametrize("arch_name", sorted(ARCHS))
+@pytest.mark.parametrize("family_name,values", PLAN_CONFIGS, ids=PLAN_IDS)
+def test_variants_are_consistent_with_their_work_split(family_name, values, arch_name):
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    variants = family.variants(config, get_arch(arch_name))
+    assert "prefill" in {v.name for v in variants}
+    assert len({v.name for v in variants}) == len(variants)
+    elem_bytes = 4 if config.dtype == "float32" else 2
+    for v in variants:
+        assert v.block[1:] == (1, 1) and v.threads % 32 == 0 and 32 <= v.threads <= 1024
+        assert v.params == tuple(a.name for a in family.args(config))
+        if family_name == "qk_norm":
+            lanes = v.constants["lanes_per_head"]
+            assert lanes & (lanes - 1) == 0 and 32 % lanes == 0  # a head never spans warps
+            assert v.threads % lanes == 0
+            assert lanes * v.constants["vecs_per_lane"] * 16 == config.head_dim * elem_bytes
+        else:
+            warps = v.constants["warps_per_row"]
+            assert v.threads == 32 * warps * v.constants["rows_per_block"]
+            # Every 128-bit vector of the row has a thread (predicated where the row is short).
+            assert 32 * warps * v.constants["vecs_per_thread"] * 16 >= config.hidden * elem_bytes
+
+
+@pytest.mark.parametrize("family_name,values", PLAN_CONFIGS, ids=PLAN_IDS)
+def test_force_picks_the_named_variant(family_name, values):
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    checked = 0
+    for arch_name in sorted(ARCHS):
+        arch = get_arch(arch_name)
+        for v in family.variants(config, arch):
+            for tokens in (1, 5, 100, 100_000):
+                (launch,) = family.plan(config, arch, {"tokens": tokens}, force=v.name)
+                assert (launch.variant, launch.block) == (v.name, v.block), (arch_name, tokens)
+                checked += 1
+    assert checked >= 8
+
+
+@pytest.mark.parametrize("family_name,values", PLAN_CONFIGS, ids=PLAN_IDS)
+def test_zero_tokens_launch_nothing(family_name, values):
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    for arch_name in sorted(ARCHS):
+        arch = get_arch(arch_name)
+        for force in [None, *(v.name for v in family.variants(config, arch))]:
+            assert family.plan(config, arch, {"tokens": 0}, force) == ()
+
+
+def test_plans_never_touch_a_device(monkeypatch):
+    # The plan is plain Python of the target arch: it must work where torch sees no GPU.
+    import torch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a launch plan queried the device")
+
+    for name in ("get_device_properties", "get_device_capability", "device_count",
+                 "current_device", "is_available"):
+        monkeypatch.setattr(torch.cuda, name, refuse)
+    for family_name, values in PLAN_CONFIGS:
+        family = get_family(family_name)
+        config = family.make_config(**values)
+        for arch_name in ARCHS:
+            (launch,) = family.plan(config, get_arch(arch_name), {"tokens": 77})
+            assert launch.grid[0] >= 1
+
+
+# ------------------------------------------------------------------------------ parameter ABI
+
+T = Dim("tokens")
+H = Dim("hidden")
+S64 = Dim("row_stride", width=64, divisibility=8)
+S32 = Dim("col_stride", width=32)
+N64 = Dim("n", width=64)
+
+ABI_CASES = [
+    # (arg, expected fields as (kind, fmt, offset, mode, dim), expected size)
+    pytest.param(
+        TensorArg("x", "bfloat16", (T, 64), (S64, 1)),
+        [("ptr", "Q", 0, -1, ""), ("extent", "i", 8, 0, "tokens"), ("stride", "q", 16, 0, "row_stride")],
+        24,
+        id="ptr-i32-pad-i64",
+    ),
+    pytest.param(TensorArg("w", "bfloat16", (128,), (1,)), [("ptr", "Q", 0, -1, "")], 8, id="static"),
+    pytest.param(
+        TensorArg("w", "float32", (4, 128), (128, 1)), [("ptr", "Q", 0, -1, "")], 8, id="static-2d"
+    ),
+    pytest.param(
+        TensorArg("v", "float32", (T,), (1,)),
+        [("ptr", "Q", 0, -1, ""), ("extent", "i", 8, 0, "tokens")],
+        16,
+        id="1d-dynamic",
+    ),
+    pytest.param(
+        TensorArg("v", "int64", (N64,), (1,)),
+        [("ptr", "Q", 0, -1, ""), ("extent", "q", 8, 0, "n")],
+        16,
+        id="1d-dynamic-i64",
+    ),
+    pytest.param(
+        TensorArg("x", "bfloat16", (T, H), (S64, 1)),
+        [
+            ("ptr", "Q", 0, -1, ""),
+            ("extent", "i", 8, 0, "tokens"),
+            ("extent", "i", 12, 1, "hidden"),
+            ("stride", "q", 16, 0, "row_stride"),
+        ],
+        24,
+        id="ptr-i32-i32-i64",
+    ),
+    pytest.param(
+        TensorArg("x", "bfloat16", (T, 4), (S64, S32)),
+        [
+            ("ptr", "Q", 0, -1, ""),
+            ("extent", "i", 8, 0, "tokens"),
+            ("stride", "q", 16, 0, "row_stride"),
+            ("stride", "i", 24, 1, "col_stride"),
+        ],
+        32,
+        id="tail-rounded-to-8",
+    ),
+    pytest.param(
+        TensorArg("q", "bfloat16", (T, 32, 128), (S64, 128, 1)),
+        [("ptr", "Q", 0, -1, ""), ("extent", "i", 8, 0, "tokens"), ("stride", "q", 16, 0, "row_stride")],
+        24,
+        id="qk-3d",
+    ),
+    pytest.param(
+        # The same Dim used twice is two fields (the DSL does not merge uses).
+        TensorArg("sq", "float32", (T, T), (T, 1)),
+        [
+            ("ptr", "Q", 0, -1, ""),
+            ("extent", "i", 8, 0, "tokens"),
+            ("extent", "i", 12, 1, "tokens"),
+            ("stride", "i", 16, 0, "tokens"),
+        ],
+        24,
+        id="repeated-dim",
+    ),
+    pytest.param(ScalarArg("n", "int32"), [("scalar", "i", 0, -1, "")], 4, id="scalar-i32"),
+    pytest.param(ScalarArg("n", "int64"), [("scalar", "q", 0, -1, "")], 8, id="scalar-i64"),
+    pytest.param(ScalarArg("x", "float32"), [("scalar", "f", 0, -1, "")], 4, id="scalar-f32"),
+    pytest.param(ScalarArg("x", "float64"), [("scalar", "d", 0, -1, "")], 8, id="scalar-f64"),
+]
+
+
+@pytest.mark.parametrize("arg,fields,size", ABI_CASES)
+def test_param_fields_and_size(arg, fields, size):
+    got = param_fields(arg)
+    assert [(f.kind, f.fmt, f.offset, f.mode, f.dim) for f in got] == fields
+    assert param_size(arg) == size
+    # Natural C alignment, no overlap, inside the parameter.
+    end = 0
+    for f in got:
+        width = struct.calcsize(f.fmt)
+        assert f.offset % width == 0 and f.offset >= end
+        end = f.offset + width
+    assert end <= size and (isinstance(arg, ScalarArg) or size % 8 == 0)
+    for f in got:
+        assert ParamField.from_json(f.to_json()) == f
+
+
+@pytest.mark.parametrize("family_name,values", PLAN_CONFIGS, ids=PLAN_IDS)
+def test_shipped_family_args_have_the_measured_sizes(family_name, values):
+    # Row tensors {ptr, i32 tokens, i64 stride} = 24 bytes; weights are fully static = 8 bytes.
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    sizes = {a.name: param_size(a) for a in family.args(config)}
+    for name, size in sizes.items():
+        assert size == (8 if "weight" in name else 24), (name, size)
+
+
+def test_spec_rejects_malformed_arguments():
+    with pytest.raises(ValueError, match="width"):
+        Dim("x", width=16)
+    with pytest.raises(ValueError, match="ranks"):
+        TensorArg("x", "bfloat16", (T, 4), (1,))
+    with pytest.raises(ValueError, match="dtype"):
+        TensorArg("x", "bfloat17", (4,), (1,))
+    with pytest.raises(ValueError, match="scalar dtype"):
+        ScalarArg("x", "bfloat16")

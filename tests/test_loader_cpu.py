@@ -1,0 +1,469 @@
+"""The serving-side loader on a CPU machine: no cutlass behind it, lookups with helpful misses,
+argument checks that quote the numbers, the bundle-vs-spec consistency check, and the exact
+bytes of packed kernel parameters.
+
+Uses the shipped manifests' bundle built once per session (tests/fixtures_build.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from rose_aot.bundle import BundleReader, write_bundle
+from rose_aot.errors import ArgumentError, BundleError, ConfigError, KernelNotFoundError, RoseAotError
+from rose_aot.kernels.spec import Dim, TensorArg, param_size
+from rose_aot.loader import open_bundle
+from rose_aot.loader.args import ArgBinder, ParamPacker
+
+QK = dict(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)  # Qwen3-30B-A3B's q/k norm
+TOKENS = 5
+BF16 = torch.bfloat16
+# Top-level modules of the DSL distribution. The wheel's .pth file imports the empty namespace
+# package nvidia_cutlass_dsl into EVERY interpreter of this venv at startup (to extend sys.path),
+# so the check is on what rose_aot adds, plus "cutlass" itself never being loaded.
+DSL_ROOTS = ("cutlass", "cutlass_dsl", "nvidia_cutlass_dsl")
+
+
+@pytest.fixture(scope="module")
+def bundle(shipped_build):
+    return open_bundle(shipped_build.path)
+
+
+@pytest.fixture(scope="module")
+def qk(bundle):
+    return bundle.kernel("qk_norm", **QK)
+
+
+# ------------------------------------------------------------------------------ (a) no cutlass
+
+_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    baseline = set(sys.modules)
+    ROOTS = {roots!r}
+
+    def dsl_modules():
+        return sorted(m for m in sys.modules if m.split(".")[0] in ROOTS)
+
+    {body}
+    print(json.dumps({{
+        "new_dsl": [m for m in dsl_modules() if m not in baseline],
+        "all_dsl": dsl_modules(),
+        "cuda_bindings": sorted(m for m in sys.modules if m == "cuda" or m.startswith("cuda.")),
+        "result": result,
+    }}))
+    """
+)
+
+
+def _probe(body: str) -> dict:
+    code = _PROBE.format(roots=DSL_ROOTS, body=textwrap.dedent(body))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _assert_no_dsl(report: dict):
+    assert report["new_dsl"] == [], f"rose_aot imported the DSL: {report['new_dsl']}"
+    # Whatever the site hook preloads, the compiler package itself is never there.
+    assert not [m for m in report["all_dsl"] if m.split(".")[0] in ("cutlass", "cutlass_dsl")]
+    assert [m for m in report["all_dsl"] if m.startswith("nvidia_cutlass_dsl.")] == []
+
+
+def test_import_rose_aot_loads_no_dsl_and_no_driver_bindings():
+    report = _probe(
+        """
+        import rose_aot
+        result = sorted(rose_aot.__all__)
+        """
+    )
+    _assert_no_dsl(report)
+    assert "open_bundle" in report["result"]
+    # driver.py promises cuda.bindings is imported on first use, not at import.
+    assert report["cuda_bindings"] == []
+
+
+def test_serving_path_on_cpu_loads_no_dsl(shipped_build):
+    report = _probe(
+        f"""
+        import rose_aot, rose_aot.loader
+        from rose_aot.archs import get_arch
+        from rose_aot.loader.args import ParamPacker
+
+        bundle = rose_aot.loader.open_bundle({str(shipped_build.path)!r})
+        handle = bundle.kernel("qk_norm", num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)
+        plan = handle.family.plan(handle.config, get_arch("sm_90a"), {{"tokens": 7}})
+        variants = {{v.name: v for v in handle.family.variants(handle.config, get_arch("sm_90a"))}}
+        packer = ParamPacker(handle.family.args(handle.config), variants[plan[0].variant].params)
+        # q: ptr, tokens, stride; k: ptr, tokens, stride; q_weight: ptr; k_weight: ptr
+        packer.pack([0x1000, 7, 4096, 0x2000, 7, 512, 0x3000, 0x4000])
+        result = {{
+            "key": handle.key,
+            "points": len(bundle.points()),
+            "plan": [[l.variant, list(l.grid), list(l.block)] for l in plan],
+            "packed": bytes(packer.buffer.raw).hex(),
+        }}
+        """
+    )
+    _assert_no_dsl(report)
+    result = report["result"]
+    assert result["key"].startswith("qk_norm(num_q_heads=32,num_k_heads=4,head_dim=128,")
+    assert result["points"] >= 1 and len(result["plan"]) == 1
+    packed = bytes.fromhex(result["packed"])
+    assert struct.unpack_from("<Qi4xq", packed, 0) == (0x1000, 7, 4096)
+    assert struct.unpack_from("<Qi4xq", packed, 24) == (0x2000, 7, 512)
+    assert struct.unpack_from("<QQ", packed, 48) == (0x3000, 0x4000)
+
+
+# ------------------------------------------------------------------------------ (b) lookups
+
+
+def test_missing_point_lists_nearest_points_and_the_differing_field(bundle):
+    with pytest.raises(KernelNotFoundError) as info:
+        bundle.kernel("qk_norm", **{**QK, "head_dim": 64})
+    err = info.value
+    msg = str(err)
+    assert isinstance(err, RoseAotError) and isinstance(err, KeyError)
+    assert "head_dim=64" in err.requested and "head_dim=64" in msg
+    have = bundle.kernel("qk_norm", **QK).key  # the bundle's point that differs only in head_dim
+    assert err.nearest and err.nearest[0].startswith(have)
+    assert "differs: head_dim=128" in err.nearest[0]
+    assert have in msg and "add the point to a manifest" in msg
+    # Only this family's points are offered.
+    assert all(n.startswith("qk_norm(") for n in err.nearest)
+
+
+def test_missing_rms_norm_point_names_the_nearest_hidden(bundle):
+    with pytest.raises(KernelNotFoundError) as info:
+        bundle.kernel("rms_norm", hidden=4096, eps=1e-6, weight_offset=0.5)
+    nearest = info.value.nearest
+    assert nearest and "differs: weight_offset=0.0" in nearest[0] and "hidden=4096" in nearest[0]
+    assert all(n.startswith("rms_norm(") for n in nearest)
+
+
+@pytest.mark.parametrize(
+    "family,values,field",
+    [
+        ("softmax", {"dim": 8}, "family"),
+        ("qk_norm", {**QK, "heads": 3}, "heads"),
+        ("qk_norm", {**QK, "head_dim": 96}, "head_dim"),
+        ("rms_norm", {"hidden": 4096, "dtype": "bf16"}, "dtype"),
+    ],
+)
+def test_unknown_family_or_field_is_a_config_error(bundle, family, values, field):
+    with pytest.raises(ConfigError) as info:
+        bundle.kernel(family, **values)
+    assert info.value.field == field and field in str(info.value)
+
+
+# ------------------------------------------------------------------------------ (c) argument checks
+
+
+def _qk_tensors(tokens: int = TOKENS, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(tokens, 32, 128, generator=gen).to(BF16)
+    k = torch.randn(tokens, 4, 128, generator=gen).to(BF16)
+    qw = torch.randn(128, generator=gen).to(BF16)
+    kw = torch.randn(128, generator=gen).to(BF16)
+    return [q, k, qw, kw]
+
+
+def _q_transposed():
+    return torch.zeros(TOKENS, 128, 32, dtype=BF16).transpose(1, 2)  # strides (4096, 1, 32)
+
+
+def _q_odd_row_stride():
+    return torch.zeros(TOKENS, 32 * 128 + 4, dtype=BF16)[:, : 32 * 128].view(TOKENS, 32, 128)
+
+
+def _q_misaligned():
+    flat = torch.zeros(TOKENS * 32 * 128 + 8, dtype=BF16)
+    assert flat.data_ptr() % 16 == 0
+    return flat[1 : 1 + TOKENS * 32 * 128].view(TOKENS, 32, 128)
+
+
+# (argument index, replacement factory, fragments the message must contain). The first
+# argument is the subject: it is checked before any other argument can fail on being on the CPU.
+BAD_ARGS = [
+    pytest.param(0, lambda: torch.zeros(TOKENS, 32, 128, dtype=torch.float16),
+                 ["'q'", "dtype bfloat16", "torch.float16"], id="dtype"),
+    pytest.param(0, lambda: torch.zeros(TOKENS, 32 * 128, dtype=BF16),
+                 ["'q'", "3 dimensions", "[tokens, 32, 128]", f"({TOKENS}, 4096)"], id="rank"),
+    pytest.param(0, lambda: torch.zeros(TOKENS, 16, 128, dtype=BF16),
+                 ["'q'", "[tokens, 32, 128]", f"({TOKENS}, 16, 128)"], id="static-extent"),
+    pytest.param(0, _q_transposed,
+                 ["'q'", "strides (*, 128, 1)", "(4096, 1, 32)"], id="head-dim-not-contiguous"),
+    pytest.param(0, _q_odd_row_stride,
+                 ["'q'", "stride 4100", "multiple of 8 elements"], id="row-stride-not-multiple-of-8"),
+    pytest.param(0, _q_misaligned,
+                 ["'q'", "not 16-byte aligned", "multiple of 8 elements"], id="misaligned-pointer"),
+    pytest.param(0, lambda: [[0.0] * 128] * 32, ["'q'", "torch.Tensor", "list"], id="not-a-tensor"),
+]
+# Problems in later arguments, found while the earlier (correct) arguments are CPU tensors.
+BAD_LATER_ARGS = [
+    (1, lambda: torch.zeros(TOKENS, 8, 128, dtype=BF16),
+     ["'k'", "[tokens, 4, 128]", f"({TOKENS}, 8, 128)"]),
+    (1, lambda: torch.zeros(TOKENS + 1, 4, 128, dtype=BF16),
+     ["'k'", f"is {TOKENS + 1}", f"'tokens' = {TOKENS}"]),
+    (1, lambda: torch.zeros(TOKENS, 4, 128, dtype=torch.float32),
+     ["'k'", "dtype bfloat16", "torch.float32"]),
+    (3, lambda: torch.zeros(64, dtype=BF16), ["'k_weight'", "[128]", "(64,)"]),
+]
+
+
+@pytest.mark.parametrize("entry", ["plan", "call"])
+@pytest.mark.parametrize("index,make,fragments", BAD_ARGS)
+def test_bad_argument_is_an_argument_error_quoting_the_numbers(qk, entry, index, make, fragments):
+    tensors = _qk_tensors()
+    tensors[index] = make()
+    call = qk.plan if entry == "plan" else qk
+    with pytest.raises(ArgumentError) as info:
+        call(*tensors)
+    msg = str(info.value)
+    assert qk.key in msg  # names the kernel
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in: {msg}"
+
+
+def test_every_argument_is_checked_before_the_cpu_device_is_refused(qk):
+    """ArgBinder.bind says the device is "checked last so that every other check also runs on CPU
+    tensors", but it is checked at the end of EACH argument: a correct CPU `q` hides every
+    problem of k, q_weight and k_weight (token mismatches included) behind "must be on a CUDA
+    device". Fails until the device check moves after the loop over all arguments."""
+    wrong = []
+    for index, make, fragments in BAD_LATER_ARGS:
+        tensors = _qk_tensors()
+        tensors[index] = make()
+        for call in (qk.plan, qk):
+            with pytest.raises(ArgumentError) as info:
+                call(*tensors)
+            missing = [f for f in fragments if f not in str(info.value)]
+            if missing:
+                wrong.append(f"arg {index}: {missing} not in {str(info.value)!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_misaligned_pointer_message_quotes_the_address(qk):
+    tensors = _qk_tensors()
+    tensors[0] = _q_misaligned()
+    with pytest.raises(ArgumentError) as info:
+        qk.plan(*tensors)
+    assert f"0x{tensors[0].data_ptr():x}" in str(info.value)
+
+
+@pytest.mark.parametrize("entry", ["plan", "call"])
+def test_wrong_argument_count(qk, entry):
+    call = qk.plan if entry == "plan" else qk
+    with pytest.raises(ArgumentError, match=r"takes 4 arguments, got 3"):
+        call(*_qk_tensors()[:3])
+
+
+@pytest.mark.parametrize("entry", ["plan", "call"])
+@pytest.mark.parametrize("tokens", [1, TOKENS, 0])
+def test_correct_cpu_tensors_must_be_on_a_cuda_device(qk, entry, tokens):
+    call = qk.plan if entry == "plan" else qk
+    with pytest.raises(ArgumentError) as info:
+        call(*_qk_tensors(tokens))
+    msg = str(info.value)
+    assert "'q'" in msg and "must be on a CUDA device" in msg and "cpu" in msg
+
+
+def test_single_token_row_stride_is_not_checked(qk):
+    # With one token the row stride is never applied: an odd one is accepted (up to the device).
+    q = torch.zeros(32 * 128 + 4, dtype=BF16).as_strided((1, 32, 128), (4100, 128, 1))
+    with pytest.raises(ArgumentError, match="must be on a CUDA device"):
+        qk.plan(q, *_qk_tensors(1)[1:])
+
+
+def test_fast_bind_returns_none_for_cpu_tensors(qk):
+    binder = ArgBinder(qk.key, qk.family.args(qk.config))
+    assert binder.fast_bind(tuple(_qk_tensors())) is None
+    assert binder.fast_bind(tuple(_qk_tensors()[:3])) is None  # wrong count: None, no exception
+    with pytest.raises(ArgumentError, match="must be on a CUDA device"):
+        binder.bind(tuple(_qk_tensors()))
+
+
+# ------------------------------------------------------------------------------ bundle vs spec
+
+
+def _rewrite(path, out, change):
+    reader = BundleReader.open(path)
+    index = json.loads(json.dumps(reader.index))
+    blobs = {name: reader.blob(name) for name in reader.blob_names()}
+    change(index, blobs)
+    write_bundle(out, index, blobs)
+    return out
+
+
+def _first_variant(index):
+    return index["points"][0]["variants"][0]
+
+
+TAMPER = [
+    pytest.param(lambda i, b: _first_variant(i).update(block=[64, 1, 1]), "block", id="block"),
+    pytest.param(lambda i, b: _first_variant(i).update(smem=_first_variant(i)["smem"] + 16), "smem",
+                 id="smem"),
+    pytest.param(lambda i, b: _first_variant(i).update(
+        param_sizes=[[s + 8 for s in _first_variant(i)["param_sizes"][0]]]), "param_sizes",
+                 id="param-sizes"),
+    pytest.param(lambda i, b: _first_variant(i)["param_layouts"][0][1].__setitem__(1, "q"),
+                 "param_layouts", id="param-layout"),
+    pytest.param(lambda i, b: i["points"][0]["config"].update(eps=0.5), "does not match",
+                 id="key-vs-config"),
+    pytest.param(lambda i, b: i["points"][0].update(family="softmax"), "not understood",
+                 id="unknown-family"),
+    pytest.param(lambda i, b: b.pop(_first_variant(i)["cubin"]), "missing", id="missing-cubin"),
+    pytest.param(lambda i, b: i["points"][0].update(variants=i["points"][0]["variants"][:1]),
+                 "variants", id="missing-variant"),
+    pytest.param(lambda i, b: i.update(kind="something else"), "not a rose-aot kernel bundle",
+                 id="kind"),
+]
+
+
+@pytest.mark.parametrize("change,fragment", TAMPER)
+def test_bundle_whose_launch_facts_disagree_with_the_spec_is_refused(
+    shipped_build, tmp_path, change, fragment
+):
+    path = _rewrite(shipped_build.path, tmp_path / "tampered.rosebundle", change)
+    with pytest.raises(BundleError) as info:
+        open_bundle(path)
+    assert fragment in str(info.value) and str(path) in str(info.value)
+
+
+def test_malformed_index_record_is_a_bundle_error(shipped_build, tmp_path):
+    """Every problem of a bundle is a BundleError (errors.py). A sha-verified container whose
+    index records lack a field, or whose variant has no entries / no recorded parameter sizes,
+    must be refused at open with a BundleError, not a bare KeyError (which callers would confuse
+    with KernelNotFoundError, a KeyError too) and not accepted with the ABI check skipped.
+    Fails until KernelBundle._check_point turns malformed records into BundleError."""
+    cases = {
+        "point without key": lambda i, b: i["points"][0].pop("key"),
+        "point without variants": lambda i, b: i["points"][0].pop("variants"),
+        "variant without name": lambda i, b: _first_variant(i).pop("name"),
+        "variant without cubin": lambda i, b: _first_variant(i).pop("cubin"),
+        "variant without entries": lambda i, b: _first_variant(i).pop("entries"),
+        "variant with no entries": lambda i, b: _first_variant(i).update(entries=[], param_sizes=[]),
+        "variant with no param_sizes": lambda i, b: _first_variant(i).update(param_sizes=[]),
+    }
+    wrong = []
+    for n, (what, change) in enumerate(cases.items()):
+        path = _rewrite(shipped_build.path, tmp_path / f"malformed{n}.rosebundle", change)
+        try:
+            open_bundle(path)
+        except BundleError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the point is which type escapes
+            wrong.append(f"{what}: {type(exc).__name__}: {exc}")
+        else:
+            wrong.append(f"{what}: opened without error")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_untampered_rewrite_opens(shipped_build, tmp_path):
+    # The control for the tampering tests: the rewrite itself changes nothing that matters.
+    path = _rewrite(shipped_build.path, tmp_path / "same.rosebundle", lambda i, b: None)
+    assert open_bundle(path).points() == open_bundle(shipped_build.path).points()
+
+
+# ------------------------------------------------------------------------------ (d) ParamPacker
+
+_T = Dim("tokens")
+_H = Dim("hidden")
+HAND_ARGS = (
+    # {ptr, i32 tokens, i32 hidden, i64 stride} = 24 bytes
+    TensorArg("x", "bfloat16", (_T, _H), (Dim("x_stride", 64, 8), 1)),
+    # fully static: {ptr} = 8 bytes
+    TensorArg("w", "float32", (256,), (1,)),
+    # {ptr, i32 tokens} + 4 bytes tail padding = 16 bytes
+    TensorArg("lens", "int32", (_T,), (1,)),
+    # {ptr, i32 tokens, pad, i64 stride} = 24 bytes
+    TensorArg("y", "bfloat16", (_T, 64), (Dim("y_stride", 64, 8), 1), writes=True),
+)
+
+
+def _read_params(packer: ParamPacker) -> tuple[bytes, list[int]]:
+    raw = ctypes.string_at(packer.buffer, ctypes.sizeof(packer.buffer))
+    base = ctypes.addressof(packer.buffer)
+    array = ctypes.cast(packer.address, ctypes.POINTER(ctypes.c_void_p))
+    return raw, [array[i] - base for i in range(len(packer.params))]
+
+
+def test_param_packer_bytes_for_a_hand_made_spec():
+    assert [param_size(a) for a in HAND_ARGS] == [24, 8, 16, 24]
+    packer = ParamPacker(HAND_ARGS, ("x", "w", "lens", "y"))
+    assert packer.sizes == [24, 8, 16, 24]
+    assert ctypes.sizeof(packer.buffer) == 72
+    values = [0x7F00_0000_1000, 33, 4096, 4104, 0x7F00_0000_2000, 0x7F00_0000_3000, 33,
+              0x7F00_0000_4000, 33, 64]
+    address = packer.pack(values)
+    assert address == packer.address == ctypes.addressof(packer.pointers)
+    raw, offsets = _read_params(packer)
+    assert offsets == [0, 24, 32, 48]
+    assert struct.unpack_from("<Qiiq", raw, 0) == (0x7F00_0000_1000, 33, 4096, 4104)
+    assert struct.unpack_from("<Q", raw, 24) == (0x7F00_0000_2000,)
+    assert struct.unpack_from("<Qi", raw, 32) == (0x7F00_0000_3000, 33)
+    assert struct.unpack_from("<Qi", raw, 48) == (0x7F00_0000_4000, 33)
+    assert struct.unpack_from("<q", raw, 64) == (64,)
+    # Padding is zero: the tail of "lens" and the hole between y's i32 and i64.
+    assert raw[44:48] == b"\0" * 4 and raw[60:64] == b"\0" * 4
+
+
+def test_param_packer_follows_kernel_order_and_repacks_in_place():
+    packer = ParamPacker(HAND_ARGS, ("y", "w"))  # a variant may pass a subset, in its own order
+    assert packer.sizes == [24, 8]
+    packer.pack([0xA000, 3, 128, 0xB000])
+    raw, offsets = _read_params(packer)
+    assert offsets == [0, 24]
+    assert struct.unpack_from("<QiiqQ", raw, 0) == (0xA000, 3, 0, 128, 0xB000)
+    buffer_address = ctypes.addressof(packer.buffer)
+    packer.pack([0xC000, 9, 256, 0xD000])
+    raw, _ = _read_params(packer)
+    assert struct.unpack_from("<QiiqQ", raw, 0) == (0xC000, 9, 0, 256, 0xD000)
+    assert ctypes.addressof(packer.buffer) == buffer_address  # no reallocation per launch
+
+
+def test_param_packer_values_come_from_tensors_and_dims():
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 512, generator=gen).to(BF16)
+    w = torch.randn(256, generator=gen)
+    lens = torch.arange(3, dtype=torch.int32)
+    y = torch.empty(3, 64, dtype=BF16)
+    tensors = {"x": x, "w": w, "lens": lens, "y": y}
+    dims = {"tokens": 3, "hidden": 512, "x_stride": 512, "y_stride": 64}
+    packer = ParamPacker(HAND_ARGS, ("x", "w", "lens", "y"))
+    values = packer.values(tensors, dims)
+    assert values == [x.data_ptr(), 3, 512, 512, w.data_ptr(), lens.data_ptr(), 3, y.data_ptr(), 3, 64]
+    shapes = [t.shape for t in (x, w, lens, y)]
+    strides = [t.stride() for t in (x, w, lens, y)]
+    ptrs = [t.data_ptr() for t in (x, w, lens, y)]
+    assert packer.fast_values(shapes, strides, ptrs) == values
+    packer.pack(values)
+    raw, _ = _read_params(packer)
+    assert struct.unpack_from("<Q", raw, 24)[0] == w.data_ptr()
+
+
+def test_packer_of_a_shipped_point_matches_its_recorded_layout(bundle, qk):
+    # The recorded layout in the bundle index and the packer agree field by field.
+    from rose_aot.archs import get_arch
+
+    (point,) = [p for p in bundle.index["points"] if p["key"] == qk.key and p["arch"] == "sm_90a"]
+    args = qk.family.args(qk.config)
+    for record, spec in zip(point["variants"], qk.family.variants(qk.config, get_arch("sm_90a"))):
+        packer = ParamPacker(args, spec.params)
+        assert packer.sizes == record["param_sizes"][0]
+        n = sum(len(layout) for layout in record["param_layouts"])
+        packer.pack(list(range(1, n + 1)))
+        raw, offsets = _read_params(packer)
+        value = 1
+        for base, layout in zip(offsets, record["param_layouts"]):
+            for kind, fmt, offset, _mode, _dim in layout:
+                assert struct.unpack_from("<" + fmt, raw, base + offset)[0] == value, (kind, offset)
+                value += 1
