@@ -44,7 +44,7 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
     args = (q, k, w, w)
     binder = handle._binder
     (launch,) = handle._resolved[(q.get_device(), (1,), None)]
-    kernel, gx, gy, gz, bx, by, bz, smem, packer, _ = launch
+    kernel, gx, gy, gz, bx, by, bz, smem, packer, _, _ = launch
     launch_fn = handle._launch
     stream = handle._raw_stream(q.get_device())
     params = packer.pack(packer.fast_values(*binder.fast_bind(args)[:3]))

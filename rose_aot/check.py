@@ -28,7 +28,8 @@ __all__ = [
     "DEFAULT_MIN_DRIVER",
     "CUDA_RELEASE_DRIVERS",
     "PTX_ISA_RELEASES",
-    "CUBIN_ABI_MAJORS",
+    "FLAVOUR_MIN_DRIVERS",
+    "CUBIN_ABI_MIN_DRIVERS",
     "ARCH_MIN_DRIVERS",
     "parse_driver_version",
     "DriverRequirement",
@@ -41,15 +42,19 @@ __all__ = [
 
 # --- Which driver loads what --------------------------------------------------------------------
 # Sources: the CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions"
-# (minimum Linux x86_64 driver of each GA release), the PTX ISA release notes (which CUDA release
-# introduced each ISA version), and NVIDIA's CUDA compatibility guide ("minor version
-# compatibility": a cubin built by any CUDA 12.x toolkit loads on any driver of the 12.x family,
-# >= 525.60.13; PTX is JIT-compiled by the driver, which needs to know that PTX ISA, i.e. be at
-# least the driver of the toolkit that introduced it). Measured here (shared notes,
-# cutedsl-aot-facts.md): a cu12 cubin and PTX ISA 8.8 load on driver 580; PTX ISA 9.4 does not.
-# Assumptions: Linux drivers; the loader uses only CUDA 12.0 driver APIs (cuLibrary*,
-# cuKernel*), so the CUDA 12 family floor applies to it; the PTX fallback
-# (open_bundle(use_ptx=True)) is a reported fallback, so its driver is reported, not enforced.
+# (minimum Linux x86_64 driver of each GA release); the PTX ISA release notes (the CUDA release
+# that introduced each ISA version); NVIDIA's CUDA compatibility guide ("minor version
+# compatibility": a cubin from any CUDA 12.x toolkit loads on any driver of the 12 family,
+# >= 525.60.13, while PTX is JIT-compiled by the driver, which must know that ISA: at least the
+# driver of the toolkit that introduced it). Measured (shared notes, cutedsl-aot-facts.md; and
+# the bundles built here): the cu12 DSL writes PTX ISA 8.8 (its PTX header names the NVVM front
+# end, "release 13.4", not the ptxas that made the cubins: 12.9.83) and cubins with ELF ABI
+# version 7 for sm_90a but 8 (the newer cubin layout) for sm_100a; a cu12 cubin and PTX 8.8 load
+# on driver 580, PTX 9.4 does not.
+# Assumptions: Linux drivers; the loader calls only CUDA 12.0 driver APIs (cuLibrary*,
+# cuKernel*); ELF ABI 8 cubins need the CUDA 12.8 driver (570.26), the first with that layout and
+# with Blackwell support; the PTX fallback (open_bundle(use_ptx=True)) is a reported fallback,
+# so its driver is reported, not enforced.
 CUDA_RELEASE_DRIVERS: dict[str, str] = {
     "12.0": "525.60.13",
     "12.1": "530.30.02",
@@ -73,18 +78,19 @@ PTX_ISA_RELEASES: dict[str, str] = {
     "8.8": "12.9",
     "9.0": "13.0",
 }
-# cubin ELF ABI version byte -> the CUDA major whose family of drivers loads it.
-CUBIN_ABI_MAJORS: dict[int, str] = {7: "12.0", 8: "13.0"}
-# The first driver branch that supports the GPU an arch runs on (Blackwell B200: R570, CUDA 12.8).
+# The DSL's CUDA flavour -> the first driver of that CUDA major (minor version compatibility).
+FLAVOUR_MIN_DRIVERS: dict[str, str] = {"cu12": "525.60.13", "cu13": "580.65.06"}
+# Cubin ELF ABI version byte -> the first driver that loads that cubin layout.
+CUBIN_ABI_MIN_DRIVERS: dict[int, str] = {7: "525.60.13", 8: "570.26"}
+# The first driver that supports the GPU an arch runs on (H100/H200: R525 for CUDA 12; B200: R570).
 ARCH_MIN_DRIVERS: dict[str, str] = {"sm_90a": "525.60.13", "sm_100a": "570.26"}
 
-# The fleet's stated minimum driver when none is given: the driver of CUDA 12.9, the toolkit the
-# pinned cu12 DSL (nvidia-cutlass-dsl 4.8.1: PTX ISA 8.8, cubins from ptxas 12.9) builds with,
-# so cubins and the PTX fallback both load on it. A toolchain needing more fails the check.
+# The fleet's stated minimum driver when none is given: the driver of CUDA 12.9, whose PTX ISA
+# (8.8) the pinned cu12 DSL (nvidia-cutlass-dsl 4.8.1) writes, so both its cubins and the PTX
+# fallback load on it. A toolchain that needs more (e.g. the cu13 flavour) fails the check.
 DEFAULT_MIN_DRIVER = "575.51.03"
 
 _VERSION = re.compile(r"\d+(?:\.\d+){0,2}")
-_RELEASE = re.compile(r"release (\d+\.\d+)")
 
 
 def parse_driver_version(text: str) -> tuple[int, ...]:
@@ -104,7 +110,7 @@ class DriverRequirement:
 
     cubin: dict[str, str | None]  # arch -> minimum driver that loads its cubins
     ptx: str | None  # minimum driver that JIT-loads its PTX (the fallback)
-    cuda_release: str | None  # the toolkit release that wrote the artifacts
+    cuda_flavour: str | None
     ptx_isa: str | None
     unknown: tuple[str, ...] = ()  # what the tables could not place, for the message
 
@@ -112,7 +118,7 @@ class DriverRequirement:
         return {
             "cubin": dict(self.cubin),
             "ptx": self.ptx,
-            "cuda_release": self.cuda_release,
+            "cuda_flavour": self.cuda_flavour,
             "ptx_isa": self.ptx_isa,
             "unknown": list(self.unknown),
         }
@@ -122,26 +128,23 @@ def driver_requirement(toolchain: dict, archs: Iterable[str]) -> DriverRequireme
     """What driver the artifacts of `archs` in a bundle with this toolchain record need."""
     unknown = []
     ptx_isa = toolchain.get("ptx_isa")
-    compiler = toolchain.get("compiler") or ""
-    m = _RELEASE.search(compiler)
-    release = m.group(1) if m else PTX_ISA_RELEASES.get(ptx_isa)
     ptx_release = PTX_ISA_RELEASES.get(ptx_isa)
     ptx = CUDA_RELEASE_DRIVERS.get(ptx_release) if ptx_release else None
     if ptx is None:
         unknown.append(f"PTX ISA {ptx_isa}")
+    flavour = toolchain.get("cuda_flavour")
     abis = toolchain.get("cubin_elf_abi") or {}
     cubin: dict[str, str | None] = {}
     for arch in archs:
-        major = CUBIN_ABI_MAJORS.get(abis.get(arch))
-        floor = ARCH_MIN_DRIVERS.get(arch)
-        if major is None or floor is None:
-            cubin[arch] = None
-            unknown.append(
-                f"{arch} cubin ELF ABI {abis.get(arch)}" if major is None else f"arch {arch}"
-            )
-            continue
-        cubin[arch] = max(CUDA_RELEASE_DRIVERS[major], floor, key=parse_driver_version)
-    return DriverRequirement(cubin, ptx, release, ptx_isa, tuple(unknown))
+        floors = {
+            f"CUDA flavour {flavour}": FLAVOUR_MIN_DRIVERS.get(flavour),
+            f"{arch} cubin ELF ABI {abis.get(arch)}": CUBIN_ABI_MIN_DRIVERS.get(abis.get(arch)),
+            f"arch {arch}": ARCH_MIN_DRIVERS.get(arch),
+        }
+        lacking = [what for what, floor in floors.items() if floor is None]
+        unknown.extend(w for w in lacking if w not in unknown)
+        cubin[arch] = None if lacking else max(floors.values(), key=parse_driver_version)
+    return DriverRequirement(cubin, ptx, flavour, ptx_isa, tuple(unknown))
 
 
 # --- the report ---------------------------------------------------------------------------------
@@ -300,7 +303,9 @@ def check_bundle(
         )
 
     toolchain = index.get("toolchain") or {}
-    requirement = driver_requirement(toolchain, used_archs)
+    # Archs the bundle lacks altogether are already missing points; no driver loads them.
+    built = {arch for _, arch in have}
+    requirement = driver_requirement(toolchain, [a for a in used_archs if a in built])
     problems, notes = [], []
     for arch, needed in requirement.cubin.items():
         if needed is None:
@@ -310,9 +315,10 @@ def check_bundle(
             )
         elif parse_driver_version(needed) > min_version:
             problems.append(
-                f"the {arch} cubins (CUDA {requirement.cuda_release}, "
-                f"{toolchain.get('cuda_flavour')}) need driver >= {needed}, newer than the "
-                f"stated minimum {min_driver}; build with an older toolchain or raise the minimum"
+                f"the {arch} cubins ({requirement.cuda_flavour} toolchain, ELF ABI "
+                f"{(toolchain.get('cubin_elf_abi') or {}).get(arch)}) need driver >= {needed}, "
+                f"newer than the stated minimum {min_driver}; build with an older toolchain or "
+                "raise the minimum"
             )
     if requirement.ptx is None:
         notes.append(f"the PTX fallback's minimum driver is unknown (PTX ISA {requirement.ptx_isa})")

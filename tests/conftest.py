@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["fixtures_build"]
+pytest_plugins = ["fixtures_build", "fixtures_tiny"]
 
 
 def _has_cuda() -> bool:

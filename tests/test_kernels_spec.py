@@ -14,11 +14,14 @@ import math
 import random
 import struct
 
+from pathlib import Path
+
 import pytest
 
 from rose_aot.archs import ARCHS, get_arch
 from rose_aot.errors import ConfigError
-from rose_aot.kernels import FAMILIES, config_digest, get_family, point_key
+from rose_aot.kernels import FAMILIES, config_digest, config_json, get_family, point_key
+from rose_aot.manifest import load_manifests
 from rose_aot.kernels.spec import Dim, ParamField, ScalarArg, TensorArg, param_fields, param_size
 
 SEED = 20261129
@@ -48,6 +51,12 @@ BASE = {
         weight_offset=0.0,
     ),
 }
+_MOE = dict(num_experts=128, top_k=8, hidden=2048, expert_start=0, local_experts=64)
+BASE["moe_dispatch"] = {**_MOE, "dtype": "bfloat16"}
+BASE["moe_combine"] = dict(top_k=8, hidden=2048, dtype="bfloat16")
+# More base points, for fields that can only change together with others from the first base
+# (moe_dispatch: scale_group is nonzero exactly for float8 tokens).
+EXTRA_BASES = {"moe_dispatch": [{**_MOE, "dtype": "float8_e4m3fn", "scale_group": 128}]}
 # Preferred other value per field; fields not listed (new ones) get one derived from their
 # choices, type and current value by _other_value.
 OTHER = {
@@ -56,8 +65,16 @@ OTHER = {
     "qk_norm": dict(num_q_heads=16, num_k_heads=4, head_dim=256, dtype="float16",
                     weight_dtype="float32", eps=1e-5, weight_offset=1.0),
 }
+# A family without an entry in BASE (a new one) takes its first point in the shipped manifests.
+for _manifest in load_manifests([Path(__file__).resolve().parent.parent / "manifests"]):
+    for _point in _manifest.points:
+        BASE.setdefault(_point.family, config_json(_point.config))
+NORMS = ["qk_norm", "rms_norm"]  # the families with eps and weight_offset
 FIELD_CASES = [
-    (name, f.name) for name, fam in sorted(FAMILIES.items()) for f in dataclasses.fields(fam.Config)
+    (name, f.name)
+    for name, fam in sorted(FAMILIES.items())
+    if name in BASE
+    for f in dataclasses.fields(fam.Config)
 ]
 
 
@@ -76,31 +93,35 @@ def _candidates(family_name, field: dataclasses.Field, current):
 def _other_value(family_name, field_name):
     """(base config, config differing in exactly `field_name`), both through make_config."""
     family = get_family(family_name)
-    values = BASE.get(family_name, {})
-    base = family.make_config(**values)
-    field = next(f for f in dataclasses.fields(base) if f.name == field_name)
-    current = getattr(base, field_name)
-    for candidate in _candidates(family_name, field, current):
-        if candidate == current:
-            continue
-        try:
-            changed = family.make_config(**{**values, field_name: candidate})
-        except ConfigError:
-            continue
-        diff = [
-            f.name for f in dataclasses.fields(base) if getattr(base, f.name) != getattr(changed, f.name)
-        ]
-        if diff == [field_name]:
-            return base, changed
+    for values in [BASE[family_name], *EXTRA_BASES.get(family_name, [])]:
+        base = family.make_config(**values)
+        field = next(f for f in dataclasses.fields(base) if f.name == field_name)
+        current = getattr(base, field_name)
+        for candidate in _candidates(family_name, field, current):
+            if candidate == current:
+                continue
+            try:
+                changed = family.make_config(**{**values, field_name: candidate})
+            except ConfigError:
+                continue
+            diff = [
+                f.name
+                for f in dataclasses.fields(base)
+                if getattr(base, f.name) != getattr(changed, f.name)
+            ]
+            if diff == [field_name]:
+                return base, changed
     pytest.fail(f"{family_name}.{field_name}: no valid other value found; add one to OTHER")
 
 
 def test_base_points_are_valid_and_every_family_is_covered():
-    assert set(BASE) == set(FAMILIES)
-    for name, values in BASE.items():
-        config = get_family(name).make_config(**values)
-        for field, value in values.items():
-            assert getattr(config, field) == value
+    missing = sorted(set(FAMILIES) - set(BASE))
+    assert not missing, f"add a base point of {missing} to BASE (or ship a manifest point)"
+    for name in BASE:
+        for values in [BASE[name], *EXTRA_BASES.get(name, [])]:
+            config = get_family(name).make_config(**values)
+            for field, value in values.items():
+                assert getattr(config, field) == value, (name, field)
 
 
 @pytest.mark.parametrize("family_name,field", FIELD_CASES)
@@ -114,7 +135,7 @@ def test_point_key_changes_when_one_field_changes(family_name, field):
     assert f"{field}=" in family.key(changed)
 
 
-@pytest.mark.parametrize("family_name", sorted(BASE))
+@pytest.mark.parametrize("family_name", NORMS)
 def test_point_key_changes_for_the_nearest_different_float(family_name):
     family = get_family(family_name)
     base = family.make_config(**BASE[family_name])
@@ -123,7 +144,7 @@ def test_point_key_changes_for_the_nearest_different_float(family_name):
     assert family.key(base) != family.key(near)
 
 
-@pytest.mark.parametrize("family_name", sorted(BASE))
+@pytest.mark.parametrize("family_name", NORMS)
 def test_equal_configs_give_one_key(family_name):
     family = get_family(family_name)
     values = BASE[family_name]
@@ -135,7 +156,7 @@ def test_equal_configs_give_one_key(family_name):
     assert config_digest(family_name, a) == config_digest(family_name, c)
 
 
-@pytest.mark.parametrize("family_name", sorted(BASE))
+@pytest.mark.parametrize("family_name", NORMS)
 def test_minus_zero_and_zero_give_one_key(family_name):
     family = get_family(family_name)
     plus = family.make_config(**{**BASE[family_name], "weight_offset": 0.0})
@@ -146,7 +167,7 @@ def test_minus_zero_and_zero_give_one_key(family_name):
     assert config_digest(family_name, plus) == config_digest(family_name, minus)
 
 
-@pytest.mark.parametrize("family_name", sorted(BASE))
+@pytest.mark.parametrize("family_name", NORMS)
 def test_int_and_float_spellings_of_a_float_field_give_one_key(family_name):
     family = get_family(family_name)
     as_float = family.make_config(**{**BASE[family_name], "weight_offset": 1.0})
@@ -197,6 +218,7 @@ PLAN_CONFIGS = [
     ("qk_norm", dict(num_q_heads=1, num_k_heads=1, head_dim=64)),  # 8 lanes per head
     ("qk_norm", dict(num_q_heads=40, num_k_heads=8, head_dim=128, dtype="float32")),
 ]
+PLAN_FAMILIES = sorted({f for f, _ in PLAN_CONFIGS})
 PLAN_IDS = [f"{f}-" + "-".join(f"{k}{v}" for k, v in vals.items()) for f, vals in PLAN_CONFIGS]
 _rng = random.Random(SEED)
 TOKEN_COUNTS = sorted(
@@ -259,7 +281,7 @@ def test_plan_switches_once_from_decode_to_prefill(family_name, values, arch_nam
     assert switch == _switch_point(family, config, arch)  # a pure function of its inputs
 
 
-@pytest.mark.parametrize("family_name", sorted(FAMILIES))
+@pytest.mark.parametrize("family_name", PLAN_FAMILIES)
 def test_target_arch_decides_between_decode_and_prefill(family_name):
     """Some point of each family plans the same token count differently for sm_90a (132 SMs)
     and sm_100a (148 SMs): the choice comes from the TARGET, whatever machine builds or plans."""
@@ -286,7 +308,7 @@ def test_target_arch_decides_between_decode_and_prefill(family_name):
     assert shown, f"no {family_name} point plans differently on sm_90a and sm_100a"
 
 
-@pytest.mark.parametrize("family_name", sorted(FAMILIES))
+@pytest.mark.parametrize("family_name", PLAN_FAMILIES)
 def test_sm_count_of_the_target_moves_the_switch(family_name):
     """For some point and arch of each family the decode range grows with the target's SM count
     (the seed rule: decode while the work is about one wave of the target's SMs)."""
@@ -413,11 +435,17 @@ ABI_CASES = [
     # (arg, expected fields as (kind, fmt, offset, mode, dim), expected size)
     pytest.param(
         TensorArg("x", "bfloat16", (T, 64), (S64, 1)),
-        [("ptr", "Q", 0, -1, ""), ("extent", "i", 8, 0, "tokens"), ("stride", "q", 16, 0, "row_stride")],
+        [
+            ("ptr", "Q", 0, -1, ""),
+            ("extent", "i", 8, 0, "tokens"),
+            ("stride", "q", 16, 0, "row_stride"),
+        ],
         24,
         id="ptr-i32-pad-i64",
     ),
-    pytest.param(TensorArg("w", "bfloat16", (128,), (1,)), [("ptr", "Q", 0, -1, "")], 8, id="static"),
+    pytest.param(
+        TensorArg("w", "bfloat16", (128,), (1,)), [("ptr", "Q", 0, -1, "")], 8, id="static"
+    ),
     pytest.param(
         TensorArg("w", "float32", (4, 128), (128, 1)), [("ptr", "Q", 0, -1, "")], 8, id="static-2d"
     ),
@@ -457,7 +485,11 @@ ABI_CASES = [
     ),
     pytest.param(
         TensorArg("q", "bfloat16", (T, 32, 128), (S64, 128, 1)),
-        [("ptr", "Q", 0, -1, ""), ("extent", "i", 8, 0, "tokens"), ("stride", "q", 16, 0, "row_stride")],
+        [
+            ("ptr", "Q", 0, -1, ""),
+            ("extent", "i", 8, 0, "tokens"),
+            ("stride", "q", 16, 0, "row_stride"),
+        ],
         24,
         id="qk-3d",
     ),

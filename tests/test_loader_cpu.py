@@ -18,7 +18,13 @@ import pytest
 import torch
 
 from rose_aot.bundle import BundleReader, write_bundle
-from rose_aot.errors import ArgumentError, BundleError, ConfigError, KernelNotFoundError, RoseAotError
+from rose_aot.errors import (
+    ArgumentError,
+    BundleError,
+    ConfigError,
+    KernelNotFoundError,
+    RoseAotError,
+)
 from rose_aot.kernels.spec import Dim, TensorArg, param_size
 from rose_aot.loader import open_bundle
 from rose_aot.loader.args import ArgBinder, ParamPacker
@@ -202,7 +208,7 @@ BAD_ARGS = [
     pytest.param(0, _q_transposed,
                  ["'q'", "strides (*, 128, 1)", "(4096, 1, 32)"], id="head-dim-not-contiguous"),
     pytest.param(0, _q_odd_row_stride,
-                 ["'q'", "stride 4100", "multiple of 8 elements"], id="row-stride-not-multiple-of-8"),
+                 ["'q'", "stride 4100", "multiple of 8 elements"], id="row-stride-not-mult-of-8"),
     pytest.param(0, _q_misaligned,
                  ["'q'", "not 16-byte aligned", "multiple of 8 elements"], id="misaligned-pointer"),
     pytest.param(0, lambda: [[0.0] * 128] * 32, ["'q'", "torch.Tensor", "list"], id="not-a-tensor"),
@@ -303,8 +309,13 @@ def _rewrite(path, out, change):
     return out
 
 
+def _point(index):
+    """The first rms_norm point record (its first parameter has several fields)."""
+    return next(p for p in index["points"] if p["family"] == "rms_norm")
+
+
 def _first_variant(index):
-    return index["points"][0]["variants"][0]
+    return _point(index)["variants"][0]
 
 
 TAMPER = [
@@ -316,12 +327,12 @@ TAMPER = [
                  id="param-sizes"),
     pytest.param(lambda i, b: _first_variant(i)["param_layouts"][0][1].__setitem__(1, "q"),
                  "param_layouts", id="param-layout"),
-    pytest.param(lambda i, b: i["points"][0]["config"].update(eps=0.5), "does not match",
+    pytest.param(lambda i, b: _point(i)["config"].update(eps=0.5), "does not match",
                  id="key-vs-config"),
-    pytest.param(lambda i, b: i["points"][0].update(family="softmax"), "not understood",
+    pytest.param(lambda i, b: _point(i).update(family="softmax"), "not understood",
                  id="unknown-family"),
     pytest.param(lambda i, b: b.pop(_first_variant(i)["cubin"]), "missing", id="missing-cubin"),
-    pytest.param(lambda i, b: i["points"][0].update(variants=i["points"][0]["variants"][:1]),
+    pytest.param(lambda i, b: _point(i).update(variants=_point(i)["variants"][:1]),
                  "variants", id="missing-variant"),
     pytest.param(lambda i, b: i.update(kind="something else"), "not a rose-aot kernel bundle",
                  id="kind"),
@@ -345,12 +356,14 @@ def test_malformed_index_record_is_a_bundle_error(shipped_build, tmp_path):
     with KernelNotFoundError, a KeyError too) and not accepted with the ABI check skipped.
     Fails until KernelBundle._check_point turns malformed records into BundleError."""
     cases = {
-        "point without key": lambda i, b: i["points"][0].pop("key"),
-        "point without variants": lambda i, b: i["points"][0].pop("variants"),
+        "point without key": lambda i, b: _point(i).pop("key"),
+        "point without variants": lambda i, b: _point(i).pop("variants"),
         "variant without name": lambda i, b: _first_variant(i).pop("name"),
         "variant without cubin": lambda i, b: _first_variant(i).pop("cubin"),
         "variant without entries": lambda i, b: _first_variant(i).pop("entries"),
-        "variant with no entries": lambda i, b: _first_variant(i).update(entries=[], param_sizes=[]),
+        "variant with no entries": lambda i, b: _first_variant(i).update(
+            entries=[], param_sizes=[]
+        ),
         "variant with no param_sizes": lambda i, b: _first_variant(i).update(param_sizes=[]),
     }
     wrong = []
@@ -440,7 +453,9 @@ def test_param_packer_values_come_from_tensors_and_dims():
     dims = {"tokens": 3, "hidden": 512, "x_stride": 512, "y_stride": 64}
     packer = ParamPacker(HAND_ARGS, ("x", "w", "lens", "y"))
     values = packer.values(tensors, dims)
-    assert values == [x.data_ptr(), 3, 512, 512, w.data_ptr(), lens.data_ptr(), 3, y.data_ptr(), 3, 64]
+    assert values == [
+        x.data_ptr(), 3, 512, 512, w.data_ptr(), lens.data_ptr(), 3, y.data_ptr(), 3, 64
+    ]
     shapes = [t.shape for t in (x, w, lens, y)]
     strides = [t.stride() for t in (x, w, lens, y)]
     ptrs = [t.data_ptr() for t in (x, w, lens, y)]
@@ -455,7 +470,7 @@ def test_packer_of_a_shipped_point_matches_its_recorded_layout(bundle, qk):
     from rose_aot.archs import get_arch
 
     (point,) = [p for p in bundle.index["points"] if p["key"] == qk.key and p["arch"] == "sm_90a"]
-    args = qk.family.args(qk.config)
+    args = qk.family.kernel_args(qk.config)
     for record, spec in zip(point["variants"], qk.family.variants(qk.config, get_arch("sm_90a"))):
         packer = ParamPacker(args, spec.params)
         assert packer.sizes == record["param_sizes"][0]

@@ -61,6 +61,28 @@ SHIPPED = {
         rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=True),
         qk(num_q_heads=16, num_k_heads=8, head_dim=256, eps=1e-6, weight_offset=1.0),
     ],
+    "mistral-7b": [
+        rms(hidden=4096, eps=1e-5, fused_residual=False),
+        rms(hidden=4096, eps=1e-5, fused_residual=True),
+    ],
+    "mixtral-8x7b": [
+        rms(hidden=4096, eps=1e-5, fused_residual=False),
+        rms(hidden=4096, eps=1e-5, fused_residual=True),
+    ],
+    "deepseek-v3": [
+        rms(hidden=7168, eps=1e-6, fused_residual=False),
+        rms(hidden=7168, eps=1e-6, fused_residual=True),
+        rms(hidden=1536, eps=1e-6),  # q_a_layernorm (MLA query latent)
+        rms(hidden=512, eps=1e-6),  # kv_a_layernorm (MLA key/value latent)
+    ],
+    "gpt-oss-20b": [
+        rms(hidden=2880, eps=1e-5, fused_residual=False),
+        rms(hidden=2880, eps=1e-5, fused_residual=True),
+    ],
+    "gpt-oss-120b": [
+        rms(hidden=2880, eps=1e-5, fused_residual=False),
+        rms(hidden=2880, eps=1e-5, fused_residual=True),
+    ],
 }
 
 
@@ -86,7 +108,7 @@ def test_shipped_manifest_loads(name):
 def test_load_manifests_directory_returns_all_shipped_in_name_order():
     manifests = load_manifests([MANIFEST_DIR])
     assert [m.name for m in manifests] == sorted(SHIPPED)
-    assert sum(len(m.points) for m in manifests) == 11
+    assert sum(len(m.points) for m in manifests) == sum(len(p) for p in SHIPPED.values()) == 23
 
 
 # --- expansion, dedup, defaults -----------------------------------------------------------------

@@ -296,7 +296,7 @@ def _run_pool(items: list[WorkItem], jobs: int, on_done: Callable[[WorkItem, lis
 
 
 def _variant_record(family, item: WorkItem, variant_spec, compiled: dict) -> dict:
-    args = {a.name: a for a in family.args(item.config)}
+    args = {a.name: a for a in family.kernel_args(item.config)}
     return {
         "name": variant_spec.name,
         "entries": list(compiled["entries"]),

@@ -71,7 +71,7 @@ def compile_point(family_name: str, config, arch: Arch | str) -> list[CompiledVa
     arch = get_arch(arch) if isinstance(arch, str) else arch
     family = get_family(family_name)
     device = importlib.import_module(family.device_module)
-    args = family.args(config)
+    args = family.kernel_args(config)
     results = []
     for variant in family.variants(config, arch):
         start = time.perf_counter()

@@ -124,6 +124,17 @@ class KernelFamily:
         """The call arguments, in the order the kernel handle takes them."""
         raise NotImplementedError
 
+    def workspace(self, config: Any) -> tuple[Arg, ...]:
+        """Scratch tensors the kernels need (counters, barrier words), with static shapes.
+
+        The loader owns one zero-initialised set per device and stream; the kernels must leave
+        them as they found them (zero, or a self-resetting barrier word)."""
+        return ()
+
+    def kernel_args(self, config: Any) -> tuple[Arg, ...]:
+        """Every argument a variant's `params` may name: call arguments, then workspace."""
+        return tuple(self.args(config)) + tuple(self.workspace(config))
+
     def variants(self, config: Any, arch: Arch) -> tuple[Variant, ...]:
         """The compile units of this point for this arch."""
         raise NotImplementedError

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
-__all__ = ["CUTLASS_DTYPES", "cutlass_dtype", "butterfly_sum"]
+__all__ = ["CUTLASS_DTYPES", "cutlass_dtype", "butterfly_sum", "grid_barrier", "block_exclusive_sum"]
 
 CUTLASS_DTYPES = {
     "bfloat16": cutlass.BFloat16,
@@ -31,3 +31,59 @@ def butterfly_sum(value: Float32, lanes: cutlass.Constexpr) -> Float32:
         value = value + cute.arch.shuffle_sync_bfly(value, offset=offset)
         offset = offset // 2
     return value
+
+
+@cute.jit
+def grid_barrier(word: cute.Pointer):
+    """Grid-wide barrier of a cooperative launch, on one zero-initialised global int32.
+
+    Bit 31 is a phase, bits 0-30 count arrivals. Each block's leader adds 1 with release
+    semantics; the value it gets back carries the phase of this barrier (it cannot flip before
+    this block has arrived). The last arrival adds 2**31 - blocks, which clears the count and
+    flips the phase in one atomic, so the word is ready for the next barrier and the next launch
+    (CUDA-graph replays included) without any reset. Waiters spin with acquire loads until the
+    phase flips. Every thread of every block must call it.
+    """
+    blocks = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.sync_threads()
+    tidx, tidy, tidz = cute.arch.thread_idx()
+    if tidx == 0 and tidy == 0 and tidz == 0:
+        old = cute.arch.atomic_add(word, Int32(1), sem="release", scope="gpu")
+        phase = (old >> 31) & 1
+        if (old & 0x7FFFFFFF) + 1 == blocks:
+            cute.arch.atomic_add(word, Int32(0x7FFFFFFF) - blocks + 1, sem="acq_rel", scope="gpu")
+        current = cute.arch.atomic_add(word, Int32(0), sem="acquire", scope="gpu")
+        while ((current >> 31) & 1) == phase:
+            current = cute.arch.atomic_add(word, Int32(0), sem="acquire", scope="gpu")
+    cute.arch.sync_threads()
+    cute.arch.fence_acq_rel_gpu()
+
+
+@cute.jit
+def block_exclusive_sum(value: Int32, sWarp: cute.Tensor, threads: cutlass.Constexpr):
+    """(exclusive prefix of `value` over the block's threads in index order, block total).
+
+    sWarp: shared int32 scratch of threads // 32 entries. Contains two block barriers.
+    """
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = tidx % 32
+    warp = tidx // 32
+    inclusive = value
+    offset = 1
+    for _ in cutlass.range_constexpr(5):
+        up = cute.arch.shuffle_sync_up(inclusive, offset)
+        if lane >= offset:
+            inclusive = inclusive + up
+        offset = offset * 2
+    if lane == 31:
+        sWarp[warp] = inclusive
+    cute.arch.sync_threads()
+    before = Int32(0)
+    total = Int32(0)
+    for w in cutlass.range_constexpr(threads // 32):
+        if w < warp:
+            before = before + sWarp[w]
+        total = total + sWarp[w]
+    cute.arch.sync_threads()
+    return before + inclusive - value, total

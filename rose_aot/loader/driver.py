@@ -19,6 +19,7 @@ __all__ = [
     "set_max_dynamic_smem",
     "function_param_info",
     "launcher",
+    "cooperative_launcher",
     "raise_launch_error",
 ]
 
@@ -89,6 +90,30 @@ def function_param_info(function, name: str) -> list[tuple[int, int]]:
         info.append((offset, size))
 
 
+def _entry_point(symbol: str, *argtypes):
+    import ctypes
+
+    cu = driver()
+    pfn, _status = check(
+        cu.cuGetProcAddress(
+            symbol.encode(), 12000, cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+        ),
+        f"cuGetProcAddress({symbol})",
+    )
+    return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(int(pfn))
+
+
+def _launch_argtypes():
+    import ctypes
+
+    return (
+        ctypes.c_void_p,  # CUfunction
+        *([ctypes.c_uint] * 7),  # grid x, y, z; block x, y, z; dynamic shared memory
+        ctypes.c_void_p,  # CUstream
+        ctypes.c_void_p,  # void** kernelParams
+    )
+
+
 @cache
 def launcher():
     """cuLaunchKernel as a plain C call: the entry point is resolved by cuda-python
@@ -97,23 +122,18 @@ def launcher():
     cuda.bindings' own Python wrapper converts and checks every argument object on each call
     (several µs); a serving engine launches thousands of kernels a second from the host, so
     the hot path calls the same driver entry point directly with prepared integers.
+    Called as launch(function, gx, gy, gz, bx, by, bz, smem, stream, kernel_params, None).
     """
     import ctypes
 
-    cu = driver()
-    pfn, _status = check(
-        cu.cuGetProcAddress(b"cuLaunchKernel", 12000, cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT),
-        "cuGetProcAddress(cuLaunchKernel)",
-    )
-    prototype = ctypes.CFUNCTYPE(
-        ctypes.c_int,  # CUresult
-        ctypes.c_void_p,  # CUfunction (a CUkernel is accepted too)
-        *([ctypes.c_uint] * 7),  # grid x, y, z; block x, y, z; dynamic shared memory
-        ctypes.c_void_p,  # CUstream
-        ctypes.c_void_p,  # void** kernelParams
-        ctypes.c_void_p,  # void** extra
-    )
-    return prototype(int(pfn))
+    return _entry_point("cuLaunchKernel", *_launch_argtypes(), ctypes.c_void_p)  # void** extra
+
+
+@cache
+def cooperative_launcher():
+    """cuLaunchCooperativeKernel, as `launcher()` without the `extra` argument; the driver refuses
+    (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) a grid whose blocks cannot all be resident."""
+    return _entry_point("cuLaunchCooperativeKernel", *_launch_argtypes())
 
 
 def raise_launch_error(code: int, what: str):

@@ -62,7 +62,7 @@ class KernelBundle:
             ) from exc
         if family.key(config) != point["key"]:
             raise BundleError(f"{self.path}: point key {point['key']!r} does not match its config")
-        args = {a.name: a for a in family.args(config)}
+        args = {a.name: a for a in family.kernel_args(config)}
         specs = {v.name: v for v in family.variants(config, arch)}
         recorded = {v["name"]: v for v in point["variants"]}
         if set(recorded) != set(specs):
@@ -266,12 +266,15 @@ class KernelHandle:
         self.config = config
         self.key = family.key(config)
         args = family.args(config)
+        self._workspace_spec = tuple(family.workspace(config))
+        kernel_args = tuple(args) + self._workspace_spec
         self._binder = ArgBinder(self.key, args)
         self._packers = {}
         for arch in {a for k, a in bundle._points if k == self.key}:
             for v in family.variants(config, get_arch(arch)):
-                self._packers.setdefault(v.name, ParamPacker(args, v.params))
+                self._packers.setdefault(v.name, ParamPacker(kernel_args, v.params))
         self._names = tuple(a.name for a in args)
+        self._workspaces: dict[tuple[int, int], list] = {}
         # Where each runtime size of the plan is read from: (argument index, mode).
         self._size_sources = []
         for size in family.size_names:
@@ -286,6 +289,7 @@ class KernelHandle:
         self._resolved: dict[tuple, list] = {}
         self._lock = threading.Lock()
         self._launch = None
+        self._launch_cooperative = None
         self._raw_stream = None
 
     def __repr__(self) -> str:
@@ -313,7 +317,7 @@ class KernelHandle:
             kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
             resolved.append(
                 (int(kernel), *launch.grid, *launch.block, launch.smem, self._packers[launch.variant],
-                 launch.variant)
+                 launch.variant, launch.cooperative)
             )
         if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
             self._resolved.clear()
@@ -327,6 +331,24 @@ class KernelHandle:
         if raw is None:
             return lambda device: torch.cuda.current_stream(device).cuda_stream
         return raw
+
+    def workspace(self, device: int, stream: int) -> list:
+        """The zero-initialised scratch tensors of (device, stream), allocated on first use.
+
+        Kernels leave them as they found them, so one set serves every later launch on that
+        stream, CUDA-graph replays included. Allocate before capturing a graph: warm up once.
+        """
+        key = (device, stream)
+        tensors = self._workspaces.get(key)
+        if tensors is None:
+            import torch
+
+            tensors = [
+                torch.zeros(a.shape, dtype=getattr(torch, a.dtype), device=f"cuda:{device}")
+                for a in self._workspace_spec
+            ]
+            self._workspaces[key] = tensors
+        return tensors
 
     def __call__(self, *tensors, variant: str | None = None) -> None:
         """Launch on torch's current stream of the tensors' device. `variant` forces one variant
@@ -346,17 +368,28 @@ class KernelHandle:
             return
         if self._launch is None:
             self._launch = driver.launcher()
+            self._launch_cooperative = driver.cooperative_launcher()
             self._raw_stream = self._stream_getter()
         stream = self._raw_stream(device)
-        launch_fn = self._launch
         by_name = None
-        for kernel, gx, gy, gz, bx, by, bz, smem, packer, name in launches:
+        if self._workspace_spec:
+            scratch = self.workspace(device, stream)
+            if slow_dims is None:
+                ptrs = ptrs + [t.data_ptr() for t in scratch]
+            else:
+                by_name = dict(zip(self._names, tensors))
+                by_name.update((a.name, t) for a, t in zip(self._workspace_spec, scratch))
+        for kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative in launches:
             with self._lock:
                 if slow_dims is None:
                     values = packer.fast_values(shapes, strides, ptrs)
                 else:
                     by_name = by_name or dict(zip(self._names, tensors))
                     values = packer.values(by_name, slow_dims)
-                code = launch_fn(kernel, gx, gy, gz, bx, by, bz, smem, stream, packer.pack(values), None)
+                params = packer.pack(values)
+                if cooperative:
+                    code = self._launch_cooperative(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
+                else:
+                    code = self._launch(kernel, gx, gy, gz, bx, by, bz, smem, stream, params, None)
             if code:
                 driver.raise_launch_error(code, f"launching {self.key} ({name})")

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..archs import ARCHS
 from ..bundle import MAGIC, BundleReader
 from ..errors import BundleError
 from ..kernels import FAMILIES, config_json
@@ -218,22 +219,26 @@ def diff_sides(a: DiffSide, b: DiffSide) -> Diff:
                 "to": kb,
                 "shape": dict(_shape(pa)),
                 "fields": delta,
-                "archs": [sorted(pa.archs), sorted(pb.archs)],
+                "archs": [_sorted_archs(pa.archs), _sorted_archs(pb.archs)],
             }
         )
     for p in only_a:
         if p.key not in paired_a:
-            fam(p.family).removed.append({"key": p.key, "config": p.config, "archs": sorted(p.archs)})
+            fam(p.family).removed.append({"key": p.key, "config": p.config, "archs": _sorted_archs(p.archs)})
     for p in only_b:
         if p.key not in paired_b:
-            fam(p.family).added.append({"key": p.key, "config": p.config, "archs": sorted(p.archs)})
+            fam(p.family).added.append({"key": p.key, "config": p.config, "archs": _sorted_archs(p.archs)})
 
     common = sorted(set(a.points) & set(b.points))
     for key in common:
         pa, pb = a.points[key], b.points[key]
         if pa.archs != pb.archs:
             fam(pa.family).archs_changed.append(
-                {"key": key, "added": sorted(pb.archs - pa.archs), "removed": sorted(pa.archs - pb.archs)}
+                {
+                    "key": key,
+                    "added": _sorted_archs(pb.archs - pa.archs),
+                    "removed": _sorted_archs(pa.archs - pb.archs),
+                }
             )
 
     toolchain: dict[str, list] = {}
@@ -245,7 +250,7 @@ def diff_sides(a: DiffSide, b: DiffSide) -> Diff:
                 sources[name] = [a.sources[name], b.sources[name]]
         for key in common:
             family = a.points[key].family
-            for arch in sorted(a.points[key].archs & b.points[key].archs):
+            for arch in _sorted_archs(a.points[key].archs & b.points[key].archs):
                 change = _artifact_change(a, b, family, key, arch)
                 if change:
                     fam(family).artifacts_changed.append(change)
@@ -314,38 +319,57 @@ def _value(v) -> str:
     return "-" if v is None else str(v)
 
 
+def _archs(archs) -> str:
+    return ",".join(_sorted_archs(archs))
+
+
+def _sorted_archs(archs) -> list[str]:
+    return sorted(archs, key=_arch_order)
+
+
+def _arch_order(name: str) -> tuple:
+    arch = ARCHS.get(name)
+    return (0, arch.capability, name) if arch else (1, (0, 0), name)
+
+
 def render(diff: Diff) -> str:
     """The human table, grouped by family."""
     lines = [f"--- {diff.a.path} ({diff.a.kind})", f"+++ {diff.b.path} ({diff.b.kind})"]
     if diff.same:
         lines.append("same kernel points" + (" and artifacts" if diff.a.is_bundle and diff.b.is_bundle else ""))
         return "\n".join(lines)
-    rows: list[tuple[str, str, str, str]] = []  # family, change, archs, point/detail
+    rows: list[tuple[str, str, str, str]] = []  # family, change, archs, point
+    notes: dict[int, str] = {}  # row index -> a detail line printed under it
     for name, f in diff.families.items():
         for p in f.removed:
-            rows.append((name, "removed", ",".join(p["archs"]), p["key"]))
+            rows.append((name, "removed", _archs(p["archs"]), p["key"]))
         for p in f.added:
-            rows.append((name, "added", ",".join(p["archs"]), p["key"]))
+            rows.append((name, "added", _archs(p["archs"]), p["key"]))
         for c in f.changed:
-            shape = " ".join(f"{k}={_value(v)}" for k, v in c["shape"].items())
-            fields = ", ".join(f"{k} {_value(x)} -> {_value(y)}" for k, (x, y) in c["fields"].items())
-            archs = ",".join(c["archs"][1])
+            archs = _archs(c["archs"][1])
             if c["archs"][0] != c["archs"][1]:
-                archs = f"{','.join(c['archs'][0])} -> {archs}"
-            rows.append((name, "changed", archs, f"{shape}: {fields}"))
+                archs = f"{_archs(c['archs'][0])} -> {archs}"
+            notes[len(rows)] = "-> " + ", ".join(
+                f"{k} {_value(x)} -> {_value(y)}" for k, (x, y) in c["fields"].items()
+            )
+            rows.append((name, "changed", archs, c["from"]))
         for c in f.archs_changed:
             delta = " ".join([f"+{x}" for x in c["added"]] + [f"-{x}" for x in c["removed"]])
             rows.append((name, "archs", delta, c["key"]))
         for c in f.artifacts_changed:
-            why = ", ".join(c["reasons"])
-            same = "; artifacts identical" if c["artifacts_identical"] else ""
-            rows.append((name, "rebuilt", c["arch"], f"{c['key']}  [{why}{same}]"))
+            notes[len(rows)] = "-> " + ", ".join(c["reasons"]) + (
+                " (artifacts identical)" if c["artifacts_identical"] else ""
+            )
+            rows.append((name, "rebuilt", c["arch"], c["key"]))
     header = ("family", "change", "archs", "point")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    indent = " " * (sum(widths) + 6)
     lines.append("")
     lines.append("  ".join(h.ljust(w) for h, w in zip(header[:3], widths)) + "  " + header[3])
-    for r in rows:
+    for i, r in enumerate(rows):
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+        if i in notes:
+            lines.append(indent + notes[i])
     if diff.toolchain:
         lines.append("")
         lines.append("toolchain:")

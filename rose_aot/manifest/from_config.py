@@ -21,6 +21,7 @@ used and said so in the written header.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from typing import Any
 from ..archs import DEFAULT_ARCHS, get_arch
 from ..bundle.format import MAGIC as BUNDLE_MAGIC
 from ..errors import ConfigError, ManifestError
+from ..kernels import get_family
 from .schema import Manifest, parse_manifest
 
 __all__ = [
@@ -175,6 +177,7 @@ class KernelEntry:
     family: str
     fields: tuple[tuple[str, Any], ...]
     comment: str = ""
+    sources: tuple[tuple[str, str], ...] = ()  # kernel field -> config.json field it comes from
 
     def to_json(self) -> dict:
         return {"family": self.family, **{k: v for k, v in self.fields}}
@@ -187,18 +190,17 @@ class _Model:
     weight_offset: float = 0.0
     qk_heads: tuple[int, int, int] | None = None  # (q heads, kv heads, head_dim) of the model
     norm_comment: str = "input_layernorm, post_attention_layernorm and the final norm"
-    extra_norms: tuple[tuple[int, str], ...] = ()  # (width, comment) of plain RMSNorms
+    extra_norms: tuple[tuple[int, str, str], ...] = ()  # (width, config field, comment): plain
     moe: dict | None = None  # MoeFacts fields except tp / experts_per_rank
     moe_field: str = ""  # config field holding the expert count (for the --tp error)
 
 
-def _dense_heads(v: _View, head_dim_default: Any = _REQUIRED) -> tuple[int, int, int]:
-    heads = v.int("num_attention_heads", "the Q/K head norm")
-    kv = v.int("num_key_value_heads", "the Q/K head norm")
-    hidden = v.read.get(v.prefix + "hidden_size")
-    if head_dim_default == "hidden/heads":
-        head_dim_default = hidden // heads
-    return heads, kv, v.int("head_dim", "the Q/K head norm", head_dim_default)
+def _dense_heads(v: _View) -> tuple[int, int, int]:
+    return (
+        v.int("num_attention_heads", "the Q/K head norm"),
+        v.int("num_key_value_heads", "the Q/K head norm"),
+        v.int("head_dim", "the Q/K head norm"),
+    )
 
 
 def _qwen3(v: _View) -> _Model:
@@ -279,10 +281,15 @@ def _deepseek_v3(v: _View) -> _Model:
     extra = []
     q_lora = v.optional_int("q_lora_rank", "the MLA query latent norm")
     if q_lora is not None:  # V2-Lite has none: its queries are not compressed
-        extra.append((q_lora, "q_a_layernorm over the query latent (q_lora_rank)"))
+        extra.append((q_lora, "q_lora_rank", "q_a_layernorm over the query latent (q_lora_rank)"))
     kv_lora = v.int("kv_lora_rank", "the MLA key/value latent norm")
     extra.append(
-        (kv_lora, "kv_a_layernorm over the key/value latent (kv_lora_rank; rows strided by the rope part)")
+        (
+            kv_lora,
+            "kv_lora_rank",
+            "kv_a_layernorm over the key/value latent (kv_lora_rank; its rows are strided: the "
+            "rope part follows each)",
+        )
     )
     layers = v.int("num_hidden_layers", "counting the MoE layers")
     first_dense = v.int("first_k_dense_replace", "counting the MoE layers", minimum=0)
@@ -406,17 +413,7 @@ class DerivedManifest:
     moe: MoeFacts | None
     config_fields: dict[str, Any]  # every config.json field read, with the value used
     defaulted: tuple[str, ...] = field(default=())  # fields taken from transformers' defaults
-
-    @property
-    def description(self) -> str:
-        parts = ["decoder RMSNorms (plain and fused add)"]
-        if any(e.family == "rms_norm" and e.comment.startswith(("q_a", "kv_a")) for e in self.entries):
-            parts.append("MLA latent norms")
-        if any(e.family == "qk_norm" for e in self.entries):
-            parts.append("Q/K head norms")
-        if self.moe is not None:
-            parts.append("MoE facts in comments")
-        return f"{self.architecture} from {self.source}, {self.dtype}, tp {self.tp}: " + ", ".join(parts)
+    description: str = ""
 
     def to_toml(self) -> str:
         lines = [
@@ -427,7 +424,9 @@ class DerivedManifest:
         ]
         lines += _wrap_comment(
             "config.json: "
-            + ", ".join(f"{k} {_fact(v)}" for k, v in self.config_fields.items())
+            + ", ".join(
+                f"{k} {_fact(v)}" for k, v in self.config_fields.items() if k not in self.defaulted
+            )
             + "."
         )
         if self.defaulted:
@@ -527,6 +526,8 @@ def derive_manifest(
     view = _View(data, label, architecture, prefix)
     model = reader(view)
 
+    offset = (("weight_offset", model.weight_offset),) if model.weight_offset else ()
+    eps_source = ("eps", "rms_norm_eps")
     entries = [
         KernelEntry(
             "rms_norm",
@@ -534,18 +535,20 @@ def derive_manifest(
                 ("hidden", model.hidden),
                 ("dtype", dtype),
                 ("eps", model.eps),
-                *((("weight_offset", model.weight_offset),) if model.weight_offset else ()),
+                *offset,
                 ("fused_residual", [False, True]),
             ),
             model.norm_comment + "; the fused form adds the residual first.",
+            (("hidden", "hidden_size"), eps_source),
         )
     ]
-    for width, comment in model.extra_norms:
+    for width, source, comment in model.extra_norms:
         entries.append(
             KernelEntry(
                 "rms_norm",
                 (("hidden", width), ("dtype", dtype), ("eps", model.eps)),
                 comment + ".",
+                (("hidden", source), eps_source),
             )
         )
     if model.qk_heads is not None:
@@ -559,11 +562,17 @@ def derive_manifest(
                     ("head_dim", head_dim),
                     ("dtype", dtype),
                     ("eps", model.eps),
-                    *((("weight_offset", model.weight_offset),) if model.weight_offset else ()),
+                    *offset,
                 ),
                 "q_norm / k_norm over each head"
                 + (f" (the heads of one of {tp} tensor-parallel ranks)" if tp > 1 else "")
                 + ".",
+                (
+                    ("num_q_heads", "num_attention_heads"),
+                    ("num_k_heads", "num_key_value_heads"),
+                    ("head_dim", "head_dim"),
+                    eps_source,
+                ),
             )
         )
 
@@ -579,6 +588,15 @@ def derive_manifest(
         moe = MoeFacts(**model.moe, tp=tp, experts_per_rank=experts // tp)
         entries += moe_kernel_entries(moe, dtype)
 
+    parts = ["decoder RMSNorms (plain and fused add)"]
+    if model.extra_norms:
+        parts.append(f"{len(model.extra_norms)} more RMSNorm widths")
+    if model.qk_heads is not None:
+        parts.append("Q/K head norms")
+    if moe is not None:
+        parts.append("MoE facts in comments")
+    description = f"{architecture}, {dtype}, tp {tp}: " + ", ".join(parts)
+
     derived = DerivedManifest(
         name,
         f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
@@ -591,17 +609,11 @@ def derive_manifest(
         moe,
         dict(view.read),
         tuple(view.defaulted),
+        description,
     )
-    try:
-        derived.manifest()  # the written text must load as a manifest, with these points
-    except ManifestError as exc:
-        field_name = exc.field
-        raise ManifestError(
-            label,
-            f"the derived manifest does not validate: {exc.reason}",
-            entry=architecture,
-            field=field_name,
-        ) from exc
+    for entry in entries:
+        _validate(entry, view)
+    derived.manifest()  # the written text loads as a manifest (raises if rose-aot broke that)
     return derived
 
 
@@ -609,6 +621,26 @@ def manifest_from_config(path: str | os.PathLike, **options) -> DerivedManifest:
     """Read a config.json (or a model directory holding one) and derive its manifest."""
     config, file = load_model_config(path)
     return derive_manifest(config, path=file, **options)
+
+
+def _validate(entry: KernelEntry, view: _View) -> None:
+    """Each point of the entry through its family's make_config; an unsupported value is
+    reported against the config.json field it came from."""
+    family = get_family(entry.family)
+    fields = dict(entry.fields)
+    axes = [v if isinstance(v, list) else [v] for v in fields.values()]
+    sources = dict(entry.sources)
+    for combination in itertools.product(*axes):
+        try:
+            family.make_config(**dict(zip(fields, combination)))
+        except ConfigError as exc:
+            source = sources.get(exc.field)
+            message = f"rose-aot's {entry.family} cannot take it: {exc.reason}"
+            if source is None:
+                raise ManifestError(
+                    view.path, message, entry=view.architecture, field=exc.field
+                ) from None
+            view.fail(source, message)
 
 
 def _heads_per_rank(view: _View, heads: tuple[int, int, int], tp: int) -> tuple[int, int, int]:

@@ -30,19 +30,32 @@ def main(path: str) -> None:
         config = family.make_config(**point["config"])
         handle = bundle.kernel(point["family"], **point["config"])
         for variant, tokens in (("decode", 3), ("prefill", 1001)):
+            if point["family"] == "moe_dispatch" and tokens > 3:
+                tokens = 301  # prefill route + copy
             gen = torch.Generator().manual_seed(tokens)
             host = []
             for arg in family.args(config):
-                shape = [tokens if isinstance(d, Dim) else d for d in arg.shape]
+                sizes = {"tokens": tokens}
+                if hasattr(family, "max_rows"):
+                    sizes["rows"] = family.max_rows(config, tokens)
+                else:
+                    sizes["rows"] = tokens * 2
+                shape = [sizes[d.name] if isinstance(d, Dim) else d for d in arg.shape]
                 dtype = getattr(torch, DTYPES[arg.dtype][1])
-                host.append(torch.randn(shape, generator=gen).to(dtype))
+                if arg.name in ("topk_ids", "positions") and not arg.writes:
+                    limit = config.num_experts if arg.name == "topk_ids" else sizes["rows"]
+                    host.append(torch.randint(-1, limit, shape, generator=gen, dtype=dtype))
+                else:
+                    host.append(torch.randn(shape, generator=gen).to(dtype))
             expect = [t.clone() for t in host]
             family.reference(config, *expect)
             dev = [t.cuda() for t in host]
             handle(*dev, variant=variant)
             torch.cuda.synchronize()
             for arg, got, want in zip(family.args(config), dev, expect):
-                if arg.writes:
+                # dispatch places rows in atomic order; its row checks live in test_moe_gpu.py
+                order_dependent = arg.name in ("out", "out_scales", "positions")
+                if arg.writes and not (point["family"] == "moe_dispatch" and order_dependent):
                     err = (got.cpu().double() - want.double()).abs().max().item()
                     scale = want.double().abs().max().item()
                     assert err <= 2**-6 * max(1.0, scale), (handle.key, variant, arg.name, err)

@@ -1,0 +1,340 @@
+"""`rose-aot manifest from-config`: every shipped config.json derives exactly the shipped
+manifest's points and archs; the numbers per model (explicit data below); tensor parallelism;
+MoE facts; errors that name the field for missing or bad fields and unknown architectures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rose_aot.cli import main as cli
+from rose_aot.errors import ManifestError
+from rose_aot.kernels import get_family
+from rose_aot.manifest import load_manifest
+from rose_aot.manifest.from_config import (
+    SUPPORTED_ARCHITECTURES,
+    MoeFacts,
+    derive_manifest,
+    load_model_config,
+    manifest_from_config,
+    moe_kernel_entries,
+)
+
+from conftest import REPO
+
+CONFIGS = REPO / "tests" / "data" / "hf_configs"
+MANIFESTS = REPO / "manifests"
+NAMES = sorted(p.name for p in CONFIGS.iterdir() if (p / "config.json").is_file())
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def rms(**values) -> str:
+    fam = get_family("rms_norm")
+    return fam.key(fam.make_config(**values))
+
+
+def qk(**values) -> str:
+    fam = get_family("qk_norm")
+    return fam.key(fam.make_config(**values))
+
+
+def config(name: str) -> dict:
+    return json.loads((CONFIGS / name / "config.json").read_text())
+
+
+# What each shipped config.json must give at tp 1: architecture, points, MoE (experts, top-k).
+EXPECTED = {
+    "qwen3-8b": ("Qwen3ForCausalLM", [
+        rms(hidden=4096, eps=1e-6, fused_residual=False),
+        rms(hidden=4096, eps=1e-6, fused_residual=True),
+        qk(num_q_heads=32, num_k_heads=8, head_dim=128, eps=1e-6),
+    ], None),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", [
+        rms(hidden=2048, eps=1e-6, fused_residual=False),
+        rms(hidden=2048, eps=1e-6, fused_residual=True),
+        qk(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6),
+    ], (128, 8)),
+    "llama-3.1-8b": ("LlamaForCausalLM", [
+        rms(hidden=4096, eps=1e-5, fused_residual=False),
+        rms(hidden=4096, eps=1e-5, fused_residual=True),
+    ], None),
+    "mistral-7b": ("MistralForCausalLM", [
+        rms(hidden=4096, eps=1e-5, fused_residual=False),
+        rms(hidden=4096, eps=1e-5, fused_residual=True),
+    ], None),
+    "mixtral-8x7b": ("MixtralForCausalLM", [
+        rms(hidden=4096, eps=1e-5, fused_residual=False),
+        rms(hidden=4096, eps=1e-5, fused_residual=True),
+    ], (8, 2)),
+    "gemma-3-12b": ("Gemma3ForConditionalGeneration", [
+        rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=False),
+        rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=True),
+        qk(num_q_heads=16, num_k_heads=8, head_dim=256, eps=1e-6, weight_offset=1.0),
+    ], None),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", [
+        rms(hidden=7168, eps=1e-6, fused_residual=False),
+        rms(hidden=7168, eps=1e-6, fused_residual=True),
+        rms(hidden=1536, eps=1e-6),
+        rms(hidden=512, eps=1e-6),
+    ], (256, 8)),
+    "gpt-oss-20b": ("GptOssForCausalLM", [
+        rms(hidden=2880, eps=1e-5, fused_residual=False),
+        rms(hidden=2880, eps=1e-5, fused_residual=True),
+    ], (32, 4)),
+    "gpt-oss-120b": ("GptOssForCausalLM", [
+        rms(hidden=2880, eps=1e-5, fused_residual=False),
+        rms(hidden=2880, eps=1e-5, fused_residual=True),
+    ], (128, 4)),
+}
+
+
+def test_every_shipped_config_is_covered():
+    assert NAMES == sorted(EXPECTED)
+    covered = {EXPECTED[n][0] for n in NAMES}
+    # Every supported architecture but the text-only Gemma 3 class has a shipped config.
+    assert set(SUPPORTED_ARCHITECTURES) - covered == {"Gemma3ForCausalLM"}
+
+
+# ------------------------------------------------------------------------------ shipped manifests
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_manifest_equals_what_from_config_derives(name):
+    shipped = load_manifest(MANIFESTS / f"{name}.toml")
+    derived = manifest_from_config(CONFIGS / name, archs=shipped.archs).manifest()
+    assert derived.name == shipped.name == name
+    assert derived.archs == shipped.archs
+    assert sorted(p.key for p in derived.points) == sorted(p.key for p in shipped.points)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_derived_points_and_moe_facts(name, tmp_path):
+    architecture, points, moe = EXPECTED[name]
+    out = tmp_path / f"{name}.toml"
+    result = run("manifest", "from-config", CONFIGS / name / "config.json",
+                 "--arch", "sm_90a", "--arch", "sm_100a", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["architecture"] == architecture and info["tp"] == 1
+    assert info["points"] == points
+    written = load_manifest(out)
+    assert [p.key for p in written.points] == points
+    assert written.archs == ("sm_90a", "sm_100a") and written.name == name
+    assert f"{name}/config.json" in out.read_text()
+    if moe is None:
+        assert info["moe"] is None and "MoE layers" not in out.read_text()
+    else:
+        assert (info["moe"]["num_experts"], info["moe"]["top_k"]) == moe
+        assert info["moe"]["experts_per_rank"] == moe[0]
+        text = out.read_text()
+        assert "# MoE layers: rose-aot has no MoE kernel family yet" in text
+        assert f"#   num_experts = {moe[0]}\n" in text and f"#   top_k = {moe[1]}\n" in text
+
+
+def test_stdout_is_the_manifest_text(tmp_path):
+    result = run("manifest", "from-config", CONFIGS / "qwen3-8b")
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "qwen3-8b.toml"
+    path.write_text(result.output)
+    manifest = load_manifest(path)
+    assert manifest.archs == ("sm_90a",)  # the default arch
+    assert [p.key for p in manifest.points] == EXPECTED["qwen3-8b"][1]
+    assert 'eps = 1e-6\n' in result.output
+
+
+# ------------------------------------------------------------------------------ per-model facts
+def test_gemma3_reads_text_config_and_transformers_defaults():
+    derived = manifest_from_config(CONFIGS / "gemma-3-12b")
+    assert derived.config_fields["text_config.hidden_size"] == 3840
+    assert derived.defaulted == ("text_config.rms_norm_eps", "text_config.head_dim")
+    assert "transformers' defaults for this class apply: text_config.rms_norm_eps 1e-6, " \
+           "text_config.head_dim 256" in " ".join(derived.to_toml().replace("#", " ").split())
+    assert all(dict(e.fields).get("weight_offset") == 1.0 for e in derived.entries)
+
+
+def test_gemma3_text_only_model_at_the_top_level():
+    text = config("gemma-3-12b")["text_config"]
+    derived = derive_manifest({"architectures": ["Gemma3ForCausalLM"], **text}, path="g/config.json")
+    assert [p.key for p in derived.manifest().points] == EXPECTED["gemma-3-12b"][1]
+
+
+def test_deepseek_v3_moe_facts():
+    moe = manifest_from_config(CONFIGS / "deepseek-v3", tp=8).moe
+    assert moe == MoeFacts(
+        num_experts=256, top_k=8, hidden=7168, intermediate_size=2048, shared_experts=1,
+        moe_layers=58, scoring="sigmoid", renormalize=True, tp=8, experts_per_rank=32,
+        expert_groups=8, topk_groups=4, routed_scaling_factor=2.5,
+    )
+
+
+def test_qwen3_moe_layers_follow_sparse_step_and_dense_layers():
+    cfg = config("qwen3-30b-a3b")
+    cfg.update(decoder_sparse_step=2, mlp_only_layers=[1, 3])
+    moe = derive_manifest(cfg, path="q/config.json").moe
+    assert moe.moe_layers == 22  # layers 2, 4, ..., 48 minus layer index 3 (the 4th)
+    assert moe.renormalize is True and moe.scoring == "softmax"
+
+
+def test_gpt_oss_takes_experts_per_token_when_the_hf_field_is_absent():
+    cfg = config("gpt-oss-20b")
+    del cfg["num_experts_per_tok"]
+    assert derive_manifest(cfg, path="g/config.json").moe.top_k == 4
+
+
+def test_model_type_alone_names_the_architecture():
+    cfg = config("llama-3.1-8b")
+    del cfg["architectures"]
+    assert derive_manifest(cfg, path="l/config.json").architecture == "LlamaForCausalLM"
+
+
+def test_moe_hook_is_one_function_and_emits_nothing_yet():
+    moe = manifest_from_config(CONFIGS / "mixtral-8x7b").moe
+    assert moe_kernel_entries(moe, "bfloat16") == []
+
+
+# ------------------------------------------------------------------------------ tensor parallel
+@pytest.mark.parametrize(
+    "name, tp, heads, experts_per_rank",
+    [
+        ("qwen3-8b", 2, (16, 4), None),
+        ("qwen3-8b", 8, (4, 1), None),
+        ("qwen3-8b", 16, (2, 1), None),  # fewer KV heads than ranks: one replicated per rank
+        ("qwen3-30b-a3b", 4, (8, 1), 32),
+        ("qwen3-30b-a3b", 8, (4, 1), 16),
+        ("gemma-3-12b", 2, (8, 4), None),
+        ("mixtral-8x7b", 8, None, 1),
+        ("gpt-oss-120b", 4, None, 32),
+    ],
+)
+def test_tp_splits_heads_and_experts(name, tp, heads, experts_per_rank, tmp_path):
+    result = run("manifest", "from-config", CONFIGS / name, "--tp", tp, "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["tp"] == tp
+    qk_entries = [k for k in info["kernels"] if k["family"] == "qk_norm"]
+    if heads is None:
+        assert not qk_entries
+    else:
+        (entry,) = qk_entries
+        assert (entry["num_q_heads"], entry["num_k_heads"]) == heads
+    rms_hidden = {k["hidden"] for k in info["kernels"] if k["family"] == "rms_norm"}
+    assert rms_hidden == {rms_entry_hidden(name)}  # norms over the full hidden on every rank
+    if experts_per_rank is not None:
+        assert info["moe"]["experts_per_rank"] == experts_per_rank and info["moe"]["tp"] == tp
+
+
+def rms_entry_hidden(name: str) -> int:
+    cfg = config(name)
+    return cfg.get("text_config", cfg)["hidden_size"]
+
+
+@pytest.mark.parametrize(
+    "name, tp, field, says",
+    [
+        ("mixtral-8x7b", 3, "num_local_experts", "8 experts do not split evenly over --tp 3"),
+        ("qwen3-8b", 3, "num_attention_heads", "32 heads do not split evenly over --tp 3"),
+        ("qwen3-30b-a3b", 64, "num_attention_heads", "32 heads do not split evenly over --tp 64"),
+        ("gemma-3-12b", 16, "text_config.num_key_value_heads",
+         "8 KV heads cannot be replicated evenly over --tp 16"),
+    ],
+)
+def test_tp_that_does_not_divide_names_the_field(name, tp, field, says):
+    with pytest.raises(ManifestError) as info:
+        manifest_from_config(CONFIGS / name, tp=tp)
+    assert info.value.field == field and says in str(info.value)
+
+
+# ------------------------------------------------------------------------------ errors
+def broken(tmp_path, name, edit) -> Path:
+    cfg = config(name)
+    edit(cfg)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "name, edit, field, says",
+    [
+        ("qwen3-8b", lambda c: c.pop("hidden_size"), "hidden_size",
+         "missing; Qwen3ForCausalLM needs it for the decoder RMSNorm"),
+        ("qwen3-8b", lambda c: c.pop("head_dim"), "head_dim",
+         "missing; Qwen3ForCausalLM needs it for the Q/K head norm"),
+        ("qwen3-8b", lambda c: c.update(rms_norm_eps=None), "rms_norm_eps", "missing"),
+        ("gemma-3-12b", lambda c: c["text_config"].pop("hidden_size"), "text_config.hidden_size",
+         "missing; Gemma3ForConditionalGeneration needs it"),
+        ("gemma-3-12b", lambda c: c.pop("text_config"), "text_config",
+         "missing or not an object; Gemma3ForConditionalGeneration keeps its language model's"),
+        ("llama-3.1-8b", lambda c: c.update(hidden_size="4096"), "hidden_size",
+         'must be an integer (got "4096")'),
+        ("llama-3.1-8b", lambda c: c.update(hidden_size=4100), "hidden_size",
+         "rose-aot's rms_norm cannot take it: 4100 is not supported"),
+        ("qwen3-8b", lambda c: c.update(head_dim=96), "head_dim",
+         "rose-aot's qk_norm cannot take it: 96 is not supported"),
+        ("mixtral-8x7b", lambda c: c.pop("num_local_experts"), "num_local_experts",
+         "missing; MixtralForCausalLM needs it for the MoE dispatch"),
+        ("deepseek-v3", lambda c: c.pop("kv_lora_rank"), "kv_lora_rank", "missing"),
+        ("deepseek-v3", lambda c: c.update(norm_topk_prob="yes"), "norm_topk_prob",
+         "must be true or false"),
+        ("qwen3-8b", lambda c: c.update(architectures=["FooForCausalLM"]), "architectures",
+         "['FooForCausalLM'] is not supported; from-config knows DeepseekV3ForCausalLM"),
+        ("qwen3-8b", lambda c: (c.pop("architectures"), c.update(model_type="foo")), "model_type",
+         '"foo" is not supported'),
+        ("qwen3-8b", lambda c: (c.pop("architectures"), c.pop("model_type")), "architectures",
+         "missing (and no model_type)"),
+    ],
+    ids=["no-hidden", "no-head-dim", "null-eps", "gemma-nested", "gemma-no-text-config",
+         "string-hidden", "unsupported-hidden", "unsupported-head-dim", "no-experts",
+         "no-kv-lora", "bad-bool", "unknown-arch", "unknown-model-type", "no-arch"],
+)
+def test_missing_or_bad_fields_name_the_field(tmp_path, name, edit, field, says):
+    folder = broken(tmp_path, name, edit)
+    with pytest.raises(ManifestError) as info:
+        manifest_from_config(folder)
+    assert info.value.field == field, str(info.value)
+    assert says in str(info.value)
+    assert str(folder / "config.json") in str(info.value)
+    result = run("manifest", "from-config", folder)
+    assert result.exit_code == 1 and f"field '{field}'" in result.output
+
+
+def test_unreadable_inputs(tiny_build, tmp_path):
+    cases = {
+        tmp_path / "missing": "no such file",
+        tiny_build.path: "is a rose-aot bundle, not a model config.json",
+    }
+    (tmp_path / "array.json").write_text("[1, 2]")
+    cases[tmp_path / "array.json"] = "must hold a JSON object (got a list)"
+    (tmp_path / "bad.json").write_text("{nope")
+    cases[tmp_path / "bad.json"] = "invalid JSON"
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    cases[empty] = "config.json: no such file"
+    for path, says in cases.items():
+        with pytest.raises(ManifestError, match="") as info:
+            load_model_config(path)
+        assert says in str(info.value), (path, str(info.value))
+        result = run("manifest", "from-config", path)
+        assert result.exit_code == 1 and says in result.output
+
+
+def test_bad_options(tmp_path):
+    result = run("manifest", "from-config", CONFIGS / "qwen3-8b", "--arch", "sm_75")
+    assert result.exit_code == 1 and "unknown arch 'sm_75'" in result.output
+    result = run("manifest", "from-config", CONFIGS / "qwen3-8b", "--tp", "0")
+    assert result.exit_code == 2
+    result = run("manifest", "from-config", CONFIGS / "qwen3-8b", "--name", "no spaces")
+    assert result.exit_code == 1 and "is not a usable name" in result.output
+    weird = tmp_path / "Weird Name"
+    weird.mkdir()
+    (weird / "config.json").write_text((CONFIGS / "qwen3-8b" / "config.json").read_text())
+    result = run("manifest", "from-config", weird)
+    assert result.exit_code == 1 and "pass --name" in result.output
+    result = run("manifest", "from-config", weird, "--name", "ok-name", "--dtype", "float16")
+    assert result.exit_code == 0 and 'name = "ok-name"' in result.output
+    assert 'dtype = "float16"' in result.output
