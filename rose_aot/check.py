@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .archs import get_arch
 from .bundle import BundleReader
-from .errors import CoverageError, RoseAotError
+from .errors import BundleError, CoverageError
 from .loader.runtime import BUNDLE_KIND
 from .manifest import Manifest, load_manifests
 
@@ -127,18 +127,24 @@ class DriverRequirement:
 def driver_requirement(toolchain: dict, archs: Iterable[str]) -> DriverRequirement:
     """What driver the artifacts of `archs` in a bundle with this toolchain record need."""
     unknown = []
-    ptx_isa = toolchain.get("ptx_isa")
+
+    def text(value):  # the index is data from a file: only plain strings and ints are looked up
+        return value if isinstance(value, str) else None
+
+    ptx_isa = text(toolchain.get("ptx_isa"))
     ptx_release = PTX_ISA_RELEASES.get(ptx_isa)
     ptx = CUDA_RELEASE_DRIVERS.get(ptx_release) if ptx_release else None
     if ptx is None:
         unknown.append(f"PTX ISA {ptx_isa}")
-    flavour = toolchain.get("cuda_flavour")
-    abis = toolchain.get("cubin_elf_abi") or {}
+    flavour = text(toolchain.get("cuda_flavour"))
+    abis = toolchain.get("cubin_elf_abi")
+    abis = abis if isinstance(abis, dict) else {}
     cubin: dict[str, str | None] = {}
     for arch in archs:
+        abi = abis.get(arch) if type(abis.get(arch)) is int else None
         floors = {
             f"CUDA flavour {flavour}": FLAVOUR_MIN_DRIVERS.get(flavour),
-            f"{arch} cubin ELF ABI {abis.get(arch)}": CUBIN_ABI_MIN_DRIVERS.get(abis.get(arch)),
+            f"{arch} cubin ELF ABI {abi}": CUBIN_ABI_MIN_DRIVERS.get(abi),
             f"arch {arch}": ARCH_MIN_DRIVERS.get(arch),
         }
         lacking = [what for what, floor in floors.items() if floor is None]
@@ -280,12 +286,12 @@ def check_bundle(
         get_arch(arch)
     min_version = parse_driver_version(min_driver)
 
-    have = set()
-    for point in index.get("points", []):
-        try:
-            have.add((point["key"], point["arch"]))
-        except (KeyError, TypeError) as exc:
-            raise RoseAotError(f"{label}: the bundle index has a malformed point") from exc
+    try:
+        have = {(p["key"], p["arch"]) for p in index.get("points", [])}
+    except (KeyError, TypeError) as exc:
+        raise BundleError(
+            f"{label}: the bundle index has a malformed point list; rebuild the bundle"
+        ) from exc
 
     coverages = []
     used_archs: list[str] = []
@@ -299,10 +305,13 @@ def check_bundle(
             if (point.key, arch) not in have
         )
         coverages.append(
-            ManifestCoverage(manifest.name, manifest.path, tuple(targets), len(manifest.points), missing)
+            ManifestCoverage(
+                manifest.name, manifest.path, tuple(targets), len(manifest.points), missing
+            )
         )
 
-    toolchain = index.get("toolchain") or {}
+    toolchain = index.get("toolchain")
+    toolchain = toolchain if isinstance(toolchain, dict) else {}  # unknown: the check fails
     # Archs the bundle lacks altogether are already missing points; no driver loads them.
     built = {arch for _, arch in have}
     requirement = driver_requirement(toolchain, [a for a in used_archs if a in built])
@@ -321,7 +330,9 @@ def check_bundle(
                 "raise the minimum"
             )
     if requirement.ptx is None:
-        notes.append(f"the PTX fallback's minimum driver is unknown (PTX ISA {requirement.ptx_isa})")
+        notes.append(
+            f"the PTX fallback's minimum driver is unknown (PTX ISA {requirement.ptx_isa})"
+        )
     elif parse_driver_version(requirement.ptx) > min_version:
         notes.append(
             f"the PTX fallback (use_ptx=True; PTX ISA {requirement.ptx_isa}) needs driver >= "
@@ -337,7 +348,7 @@ def _bundle_index(bundle) -> tuple[dict, str]:
     reader = BundleReader.open(bundle)
     kind = reader.index.get("kind")
     if kind != BUNDLE_KIND:
-        raise RoseAotError(
+        raise BundleError(
             f"{reader.path}: is not a rose-aot kernel bundle (kind {str(kind)[:60]!r}); "
             "a build shard must be merged first (`rose-aot merge`)"
         )

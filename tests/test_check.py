@@ -77,7 +77,9 @@ def hopper_only(tiny_build, tmp_path_factory):
     """The tiny manifest built for sm_90a only (from the warm cache: no compile)."""
     out = tmp_path_factory.mktemp("hopper") / "hopper.rosebundle"
     summary = build_bundle(
-        [load_manifest(tiny_build.manifest)], out, archs=("sm_90a",),
+        [load_manifest(tiny_build.manifest)],
+        out,
+        archs=("sm_90a",),
         cache=ArtifactCache(tiny_build.cache_dir),
     )
     assert summary.compiled == 0
@@ -114,7 +116,9 @@ def test_check_a_folder_of_manifests(tiny_build, tmp_path):
     result = run("check", "--bundle", tiny_build.path, folder)
     assert result.exit_code == 0, result.output
     assert [line.split()[1] for line in result.output.splitlines()] == [
-        "subset:", "tiny:", "driver:"
+        "subset:",
+        "tiny:",
+        "driver:",
     ]
 
 
@@ -135,7 +139,8 @@ def test_check_fails_with_the_exact_missing_list(tiny_build, tmp_path):
     report = check_bundle(tiny_build.path, [tiny_build.manifest, bigger])
     assert not report.ok
     assert report.missing == [
-        Missing("bigger", RMS_2048, "sm_90a"), Missing("bigger", RMS_2048, "sm_100a")
+        Missing("bigger", RMS_2048, "sm_90a"),
+        Missing("bigger", RMS_2048, "sm_100a"),
     ]
     assert [c.ok for c in report.manifests] == [True, False]
 
@@ -177,7 +182,12 @@ def test_json_report(tiny_build, tmp_path):
         {"manifest": "bigger", "key": RMS_2048, "arch": "sm_100a"},
     ]
     (m,) = out["manifests"]
-    assert (m["name"], m["points"], m["archs"], m["ok"]) == ("bigger", 3, ["sm_90a", "sm_100a"], False)
+    assert (m["name"], m["points"], m["archs"], m["ok"]) == (
+        "bigger",
+        3,
+        ["sm_90a", "sm_100a"],
+        False,
+    )
     assert out["driver"]["ok"] is True and out["driver"]["min_driver"] == DEFAULT_MIN_DRIVER
     assert out["driver"]["required"] == {
         "cubin": {"sm_90a": "525.60.13", "sm_100a": "570.26"},
@@ -195,8 +205,12 @@ def test_driver_table_for_the_pinned_toolchain(tiny_build):
     req = driver_requirement(toolchain, ["sm_90a", "sm_100a"])
     assert req.cubin == {"sm_90a": "525.60.13", "sm_100a": "570.26"}
     assert req.ptx == "575.51.03" and req.unknown == ()
-    cu13 = {**toolchain, "cuda_flavour": "cu13", "ptx_isa": "9.0",
-            "cubin_elf_abi": {"sm_90a": 8, "sm_100a": 8}}
+    cu13 = {
+        **toolchain,
+        "cuda_flavour": "cu13",
+        "ptx_isa": "9.0",
+        "cubin_elf_abi": {"sm_90a": 8, "sm_100a": 8},
+    }
     req = driver_requirement(cu13, ["sm_90a"])
     assert req.cubin == {"sm_90a": "580.65.06"} and req.ptx == "580.65.06"
     odd = {**toolchain, "ptx_isa": "9.4", "cubin_elf_abi": {"sm_90a": 9}}
@@ -215,7 +229,9 @@ def test_parse_driver_version():
 
 
 def test_min_driver_below_what_the_cubins_need_fails(tiny_build):
-    result = run("check", "--bundle", tiny_build.path, tiny_build.manifest, "--min-driver", "560.28.03")
+    result = run(
+        "check", "--bundle", tiny_build.path, tiny_build.manifest, "--min-driver", "560.28.03"
+    )
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("ok    tiny:")
@@ -229,11 +245,23 @@ def test_min_driver_below_what_the_cubins_need_fails(tiny_build):
         "between 560.28.03 and it load only the cubins"
     )
     # Hopper alone loads on that driver; the PTX note stays a note.
-    result = run("check", "--bundle", tiny_build.path, tiny_build.manifest,
-                 "--min-driver", "560.28.03", "--arch", "sm_90a")
+    result = run(
+        "check",
+        "--bundle",
+        tiny_build.path,
+        tiny_build.manifest,
+        "--min-driver",
+        "560.28.03",
+        "--arch",
+        "sm_90a",
+    )
     assert result.exit_code == 0, result.output
-    assert run("check", "--bundle", tiny_build.path, tiny_build.manifest,
-               "--min-driver", "570.26").exit_code == 0
+    assert (
+        run(
+            "check", "--bundle", tiny_build.path, tiny_build.manifest, "--min-driver", "570.26"
+        ).exit_code
+        == 0
+    )
 
 
 def test_a_newer_toolchain_than_the_stated_driver_fails(tiny_build, tmp_path):
@@ -265,8 +293,12 @@ def test_an_unknown_toolchain_fails_rather_than_guessing(tiny_build, tmp_path):
 # ------------------------------------------------------------------------------ Python API
 def test_python_api_takes_paths_readers_bundles_and_manifests(tiny_build, tmp_path):
     manifest = load_manifest(tiny_build.manifest)
-    for bundle in (tiny_build.path, str(tiny_build.path), BundleReader.open(tiny_build.path),
-                   open_bundle(tiny_build.path)):
+    for bundle in (
+        tiny_build.path,
+        str(tiny_build.path),
+        BundleReader.open(tiny_build.path),
+        open_bundle(tiny_build.path),
+    ):
         for manifests in (manifest, [manifest], tiny_build.manifest, [str(tiny_build.manifest)]):
             report = check_bundle(bundle, manifests)
             assert isinstance(report, CoverageReport) and report.ok
@@ -334,16 +366,39 @@ def test_a_manifest_where_the_bundle_is_expected(tiny_build):
         (["{manifest}"], "Missing option '--bundle'"),
         (["--bundle", "{bundle}"], "Missing argument 'MANIFESTS...'"),
     ],
-    ids=["no-bundle", "no-manifest", "bad-arch", "shard", "bad-driver", "no-bundle-option",
-         "no-manifests"],
+    ids=[
+        "no-bundle",
+        "no-manifest",
+        "bad-arch",
+        "shard",
+        "bad-driver",
+        "no-bundle-option",
+        "no-manifests",
+    ],
 )
 def test_bad_inputs_exit_two(tiny_build, tmp_path, args, says):
     shard = tmp_path / "s.roseshard"
     if "{shard}" in args:
-        assert run("build", tiny_build.manifest, "--shard", "1/1", "-o", shard,
-                   "--cache-dir", tiny_build.cache_dir, "-q").exit_code == 0
-    values = {"tmp": tmp_path, "manifest": tiny_build.manifest, "bundle": tiny_build.path,
-              "shard": shard}
+        assert (
+            run(
+                "build",
+                tiny_build.manifest,
+                "--shard",
+                "1/1",
+                "-o",
+                shard,
+                "--cache-dir",
+                tiny_build.cache_dir,
+                "-q",
+            ).exit_code
+            == 0
+        )
+    values = {
+        "tmp": tmp_path,
+        "manifest": tiny_build.manifest,
+        "bundle": tiny_build.path,
+        "shard": shard,
+    }
     result = run("check", *[a.format(**values) for a in args])
     assert result.exit_code == 2, result.output
     assert says in result.output

@@ -139,16 +139,28 @@ def test_hand_made_pair_added_removed_changed_archs(tmp_path):
     assert out["a"] == {"path": str(a), "kind": "manifest"}
     assert out["b"] == {"path": str(bdir), "kind": "manifests"}
     assert out["counts"] == {
-        "added": 2, "removed": 1, "changed": 3, "archs_changed": 1, "artifacts_changed": 0
+        "added": 2,
+        "removed": 1,
+        "changed": 3,
+        "archs_changed": 1,
+        "artifacts_changed": 0,
     }
     assert list(out["families"]) == ["qk_norm", "rms_norm"]
     rms, qk = out["families"]["rms_norm"], out["families"]["qk_norm"]
 
     assert rms["added"] == [
-        {"key": key("rms_norm", hidden=2048), "config": config("rms_norm", hidden=2048), "archs": BOTH}
+        {
+            "key": key("rms_norm", hidden=2048),
+            "config": config("rms_norm", hidden=2048),
+            "archs": BOTH,
+        }
     ]
     assert rms["removed"] == [
-        {"key": key("rms_norm", hidden=1024), "config": config("rms_norm", hidden=1024), "archs": BOTH}
+        {
+            "key": key("rms_norm", hidden=1024),
+            "config": config("rms_norm", hidden=1024),
+            "archs": BOTH,
+        }
     ]
     # Paired plain with plain and fused with fused: the fewest differing fields win.
     assert rms["changed"] == [
@@ -224,8 +236,11 @@ def test_same_points_exit_zero_whatever_the_names_and_order(tmp_path):
 
 # ------------------------------------------------------------------------------ mixed inputs
 def test_bundle_versus_its_own_manifest_is_the_same(tiny_build):
-    for a, b in [(tiny_build.path, tiny_build.manifest), (tiny_build.manifest, tiny_build.path),
-                 (tiny_build.path, tiny_build.path)]:
+    for a, b in [
+        (tiny_build.path, tiny_build.manifest),
+        (tiny_build.manifest, tiny_build.path),
+        (tiny_build.path, tiny_build.path),
+    ]:
         result = run("diff", a, b)
         assert result.exit_code == 0, result.output
     code, out = diff_json(tiny_build.path, tiny_build.manifest)
@@ -235,14 +250,19 @@ def test_bundle_versus_its_own_manifest_is_the_same(tiny_build):
 def test_bundle_versus_a_changed_manifest(tiny_build, tmp_path):
     changed = write(
         tmp_path / "next.toml",
-        TINY_TOML.replace('archs = ["sm_90a", "sm_100a"]', 'archs = ["sm_90a"]')
-        .replace("head_dim = 64", "head_dim = 64\neps = 1e-5")
+        TINY_TOML.replace('archs = ["sm_90a", "sm_100a"]', 'archs = ["sm_90a"]').replace(
+            "head_dim = 64", "head_dim = 64\neps = 1e-5"
+        )
         + '\n[[kernel]]\nfamily = "rms_norm"\nhidden = 8192\n',
     )
     code, out = diff_json(tiny_build.path, changed)
     assert code == 1
     assert out["counts"] == {
-        "added": 1, "removed": 0, "changed": 1, "archs_changed": 2, "artifacts_changed": 0
+        "added": 1,
+        "removed": 0,
+        "changed": 1,
+        "archs_changed": 2,
+        "artifacts_changed": 0,
     }
     qk = out["families"]["qk_norm"]["changed"][0]
     assert qk["fields"] == {"eps": [1e-6, 1e-5]}
@@ -262,7 +282,8 @@ def test_bundle_versus_a_changed_manifest(tiny_build, tmp_path):
 # ------------------------------------------------------------------------------ bundle pairs
 def test_bundles_whose_kernel_source_changed(tiny_build, tmp_path):
     other = rewrite_bundle(
-        tiny_build.path, tmp_path / "src.rosebundle",
+        tiny_build.path,
+        tmp_path / "src.rosebundle",
         edit_index=lambda ix: ix["families"]["qk_norm"].update(source_digest="f" * 64),
     )
     code, out = diff_json(tiny_build.path, other)
@@ -308,7 +329,11 @@ def test_bundles_whose_artifact_bytes_changed(tiny_build, tmp_path):
     code, out = diff_json(tiny_build.path, other)
     assert code == 1
     assert out["counts"] == {
-        "added": 0, "removed": 0, "changed": 0, "archs_changed": 0, "artifacts_changed": 1
+        "added": 0,
+        "removed": 0,
+        "changed": 0,
+        "archs_changed": 0,
+        "artifacts_changed": 1,
     }
     (change,) = out["families"]["rms_norm"]["artifacts_changed"]
     assert change == {
@@ -376,8 +401,20 @@ def test_damaged_bundle_and_shard_exit_two(tiny_build, tmp_path):
     result = run("diff", damaged, tiny_build.manifest)
     assert result.exit_code == 2 and "damaged bundle" in result.output
     shard = tmp_path / "s.roseshard"
-    assert run("build", tiny_build.manifest, "--shard", "1/2", "-o", shard,
-               "--cache-dir", tiny_build.cache_dir, "-q").exit_code == 0
+    assert (
+        run(
+            "build",
+            tiny_build.manifest,
+            "--shard",
+            "1/2",
+            "-o",
+            shard,
+            "--cache-dir",
+            tiny_build.cache_dir,
+            "-q",
+        ).exit_code
+        == 0
+    )
     result = run("diff", shard, tiny_build.path)
     assert result.exit_code == 2 and "merge shards first" in result.output
 

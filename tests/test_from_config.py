@@ -50,47 +50,83 @@ def config(name: str) -> dict:
 
 # What each shipped config.json must give at tp 1: architecture, points, MoE (experts, top-k).
 EXPECTED = {
-    "qwen3-8b": ("Qwen3ForCausalLM", [
-        rms(hidden=4096, eps=1e-6, fused_residual=False),
-        rms(hidden=4096, eps=1e-6, fused_residual=True),
-        qk(num_q_heads=32, num_k_heads=8, head_dim=128, eps=1e-6),
-    ], None),
-    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", [
-        rms(hidden=2048, eps=1e-6, fused_residual=False),
-        rms(hidden=2048, eps=1e-6, fused_residual=True),
-        qk(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6),
-    ], (128, 8)),
-    "llama-3.1-8b": ("LlamaForCausalLM", [
-        rms(hidden=4096, eps=1e-5, fused_residual=False),
-        rms(hidden=4096, eps=1e-5, fused_residual=True),
-    ], None),
-    "mistral-7b": ("MistralForCausalLM", [
-        rms(hidden=4096, eps=1e-5, fused_residual=False),
-        rms(hidden=4096, eps=1e-5, fused_residual=True),
-    ], None),
-    "mixtral-8x7b": ("MixtralForCausalLM", [
-        rms(hidden=4096, eps=1e-5, fused_residual=False),
-        rms(hidden=4096, eps=1e-5, fused_residual=True),
-    ], (8, 2)),
-    "gemma-3-12b": ("Gemma3ForConditionalGeneration", [
-        rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=False),
-        rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=True),
-        qk(num_q_heads=16, num_k_heads=8, head_dim=256, eps=1e-6, weight_offset=1.0),
-    ], None),
-    "deepseek-v3": ("DeepseekV3ForCausalLM", [
-        rms(hidden=7168, eps=1e-6, fused_residual=False),
-        rms(hidden=7168, eps=1e-6, fused_residual=True),
-        rms(hidden=1536, eps=1e-6),
-        rms(hidden=512, eps=1e-6),
-    ], (256, 8)),
-    "gpt-oss-20b": ("GptOssForCausalLM", [
-        rms(hidden=2880, eps=1e-5, fused_residual=False),
-        rms(hidden=2880, eps=1e-5, fused_residual=True),
-    ], (32, 4)),
-    "gpt-oss-120b": ("GptOssForCausalLM", [
-        rms(hidden=2880, eps=1e-5, fused_residual=False),
-        rms(hidden=2880, eps=1e-5, fused_residual=True),
-    ], (128, 4)),
+    "qwen3-8b": (
+        "Qwen3ForCausalLM",
+        [
+            rms(hidden=4096, eps=1e-6, fused_residual=False),
+            rms(hidden=4096, eps=1e-6, fused_residual=True),
+            qk(num_q_heads=32, num_k_heads=8, head_dim=128, eps=1e-6),
+        ],
+        None,
+    ),
+    "qwen3-30b-a3b": (
+        "Qwen3MoeForCausalLM",
+        [
+            rms(hidden=2048, eps=1e-6, fused_residual=False),
+            rms(hidden=2048, eps=1e-6, fused_residual=True),
+            qk(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6),
+        ],
+        (128, 8),
+    ),
+    "llama-3.1-8b": (
+        "LlamaForCausalLM",
+        [
+            rms(hidden=4096, eps=1e-5, fused_residual=False),
+            rms(hidden=4096, eps=1e-5, fused_residual=True),
+        ],
+        None,
+    ),
+    "mistral-7b": (
+        "MistralForCausalLM",
+        [
+            rms(hidden=4096, eps=1e-5, fused_residual=False),
+            rms(hidden=4096, eps=1e-5, fused_residual=True),
+        ],
+        None,
+    ),
+    "mixtral-8x7b": (
+        "MixtralForCausalLM",
+        [
+            rms(hidden=4096, eps=1e-5, fused_residual=False),
+            rms(hidden=4096, eps=1e-5, fused_residual=True),
+        ],
+        (8, 2),
+    ),
+    "gemma-3-12b": (
+        "Gemma3ForConditionalGeneration",
+        [
+            rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=False),
+            rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=True),
+            qk(num_q_heads=16, num_k_heads=8, head_dim=256, eps=1e-6, weight_offset=1.0),
+        ],
+        None,
+    ),
+    "deepseek-v3": (
+        "DeepseekV3ForCausalLM",
+        [
+            rms(hidden=7168, eps=1e-6, fused_residual=False),
+            rms(hidden=7168, eps=1e-6, fused_residual=True),
+            rms(hidden=1536, eps=1e-6),
+            rms(hidden=512, eps=1e-6),
+        ],
+        (256, 8),
+    ),
+    "gpt-oss-20b": (
+        "GptOssForCausalLM",
+        [
+            rms(hidden=2880, eps=1e-5, fused_residual=False),
+            rms(hidden=2880, eps=1e-5, fused_residual=True),
+        ],
+        (32, 4),
+    ),
+    "gpt-oss-120b": (
+        "GptOssForCausalLM",
+        [
+            rms(hidden=2880, eps=1e-5, fused_residual=False),
+            rms(hidden=2880, eps=1e-5, fused_residual=True),
+        ],
+        (128, 4),
+    ),
 }
 
 
@@ -115,8 +151,18 @@ def test_shipped_manifest_equals_what_from_config_derives(name):
 def test_derived_points_and_moe_facts(name, tmp_path):
     architecture, points, moe = EXPECTED[name]
     out = tmp_path / f"{name}.toml"
-    result = run("manifest", "from-config", CONFIGS / name / "config.json",
-                 "--arch", "sm_90a", "--arch", "sm_100a", "-o", out, "--json")
+    result = run(
+        "manifest",
+        "from-config",
+        CONFIGS / name / "config.json",
+        "--arch",
+        "sm_90a",
+        "--arch",
+        "sm_100a",
+        "-o",
+        out,
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     assert info["architecture"] == architecture and info["tp"] == 1
@@ -143,7 +189,7 @@ def test_stdout_is_the_manifest_text(tmp_path):
     manifest = load_manifest(path)
     assert manifest.archs == ("sm_90a",)  # the default arch
     assert [p.key for p in manifest.points] == EXPECTED["qwen3-8b"][1]
-    assert 'eps = 1e-6\n' in result.output
+    assert "eps = 1e-6\n" in result.output
 
 
 # ------------------------------------------------------------------------------ per-model facts
@@ -151,23 +197,37 @@ def test_gemma3_reads_text_config_and_transformers_defaults():
     derived = manifest_from_config(CONFIGS / "gemma-3-12b")
     assert derived.config_fields["text_config.hidden_size"] == 3840
     assert derived.defaulted == ("text_config.rms_norm_eps", "text_config.head_dim")
-    assert "transformers' defaults for this class apply: text_config.rms_norm_eps 1e-6, " \
-           "text_config.head_dim 256" in " ".join(derived.to_toml().replace("#", " ").split())
+    assert (
+        "transformers' defaults for this class apply: text_config.rms_norm_eps 1e-6, "
+        "text_config.head_dim 256" in " ".join(derived.to_toml().replace("#", " ").split())
+    )
     assert all(dict(e.fields).get("weight_offset") == 1.0 for e in derived.entries)
 
 
 def test_gemma3_text_only_model_at_the_top_level():
     text = config("gemma-3-12b")["text_config"]
-    derived = derive_manifest({"architectures": ["Gemma3ForCausalLM"], **text}, path="g/config.json")
+    derived = derive_manifest(
+        {"architectures": ["Gemma3ForCausalLM"], **text}, path="g/config.json"
+    )
     assert [p.key for p in derived.manifest().points] == EXPECTED["gemma-3-12b"][1]
 
 
 def test_deepseek_v3_moe_facts():
     moe = manifest_from_config(CONFIGS / "deepseek-v3", tp=8).moe
     assert moe == MoeFacts(
-        num_experts=256, top_k=8, hidden=7168, intermediate_size=2048, shared_experts=1,
-        moe_layers=58, scoring="sigmoid", renormalize=True, tp=8, experts_per_rank=32,
-        expert_groups=8, topk_groups=4, routed_scaling_factor=2.5,
+        num_experts=256,
+        top_k=8,
+        hidden=7168,
+        intermediate_size=2048,
+        shared_experts=1,
+        moe_layers=58,
+        scoring="sigmoid",
+        renormalize=True,
+        tp=8,
+        experts_per_rank=32,
+        expert_groups=8,
+        topk_groups=4,
+        routed_scaling_factor=2.5,
     )
 
 
@@ -238,14 +298,27 @@ def rms_entry_hidden(name: str) -> int:
         ("mixtral-8x7b", 3, "num_local_experts", "8 experts do not split evenly over --tp 3"),
         ("qwen3-8b", 3, "num_attention_heads", "32 heads do not split evenly over --tp 3"),
         ("qwen3-30b-a3b", 64, "num_attention_heads", "32 heads do not split evenly over --tp 64"),
-        ("gemma-3-12b", 16, "text_config.num_key_value_heads",
-         "8 KV heads cannot be replicated evenly over --tp 16"),
     ],
 )
 def test_tp_that_does_not_divide_names_the_field(name, tp, field, says):
     with pytest.raises(ManifestError) as info:
         manifest_from_config(CONFIGS / name, tp=tp)
     assert info.value.field == field and says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kv, tp, says",
+    [
+        (6, 4, "6 KV heads do not split evenly over --tp 4"),
+        (3, 8, "3 KV heads cannot be replicated evenly over --tp 8"),
+    ],
+)
+def test_kv_heads_that_do_not_split_name_the_nested_field(kv, tp, says):
+    cfg = config("gemma-3-12b")
+    cfg["text_config"]["num_key_value_heads"] = kv
+    with pytest.raises(ManifestError) as info:
+        derive_manifest(cfg, path="gemma/config.json", tp=tp)
+    assert info.value.field == "text_config.num_key_value_heads" and says in str(info.value)
 
 
 # ------------------------------------------------------------------------------ errors
@@ -261,36 +334,97 @@ def broken(tmp_path, name, edit) -> Path:
 @pytest.mark.parametrize(
     "name, edit, field, says",
     [
-        ("qwen3-8b", lambda c: c.pop("hidden_size"), "hidden_size",
-         "missing; Qwen3ForCausalLM needs it for the decoder RMSNorm"),
-        ("qwen3-8b", lambda c: c.pop("head_dim"), "head_dim",
-         "missing; Qwen3ForCausalLM needs it for the Q/K head norm"),
+        (
+            "qwen3-8b",
+            lambda c: c.pop("hidden_size"),
+            "hidden_size",
+            "missing; Qwen3ForCausalLM needs it for the decoder RMSNorm",
+        ),
+        (
+            "qwen3-8b",
+            lambda c: c.pop("head_dim"),
+            "head_dim",
+            "missing; Qwen3ForCausalLM needs it for the Q/K head norm",
+        ),
         ("qwen3-8b", lambda c: c.update(rms_norm_eps=None), "rms_norm_eps", "missing"),
-        ("gemma-3-12b", lambda c: c["text_config"].pop("hidden_size"), "text_config.hidden_size",
-         "missing; Gemma3ForConditionalGeneration needs it"),
-        ("gemma-3-12b", lambda c: c.pop("text_config"), "text_config",
-         "missing or not an object; Gemma3ForConditionalGeneration keeps its language model's"),
-        ("llama-3.1-8b", lambda c: c.update(hidden_size="4096"), "hidden_size",
-         'must be an integer (got "4096")'),
-        ("llama-3.1-8b", lambda c: c.update(hidden_size=4100), "hidden_size",
-         "rose-aot's rms_norm cannot take it: 4100 is not supported"),
-        ("qwen3-8b", lambda c: c.update(head_dim=96), "head_dim",
-         "rose-aot's qk_norm cannot take it: 96 is not supported"),
-        ("mixtral-8x7b", lambda c: c.pop("num_local_experts"), "num_local_experts",
-         "missing; MixtralForCausalLM needs it for the MoE dispatch"),
+        (
+            "gemma-3-12b",
+            lambda c: c["text_config"].pop("hidden_size"),
+            "text_config.hidden_size",
+            "missing; Gemma3ForConditionalGeneration needs it",
+        ),
+        (
+            "gemma-3-12b",
+            lambda c: c.pop("text_config"),
+            "text_config",
+            "missing or not an object; Gemma3ForConditionalGeneration keeps its language model's",
+        ),
+        (
+            "llama-3.1-8b",
+            lambda c: c.update(hidden_size="4096"),
+            "hidden_size",
+            'must be an integer (got "4096")',
+        ),
+        (
+            "llama-3.1-8b",
+            lambda c: c.update(hidden_size=4100),
+            "hidden_size",
+            "rose-aot's rms_norm cannot take it: 4100 is not supported",
+        ),
+        (
+            "qwen3-8b",
+            lambda c: c.update(head_dim=96),
+            "head_dim",
+            "rose-aot's qk_norm cannot take it: 96 is not supported",
+        ),
+        (
+            "mixtral-8x7b",
+            lambda c: c.pop("num_local_experts"),
+            "num_local_experts",
+            "missing; MixtralForCausalLM needs it for the MoE dispatch",
+        ),
         ("deepseek-v3", lambda c: c.pop("kv_lora_rank"), "kv_lora_rank", "missing"),
-        ("deepseek-v3", lambda c: c.update(norm_topk_prob="yes"), "norm_topk_prob",
-         "must be true or false"),
-        ("qwen3-8b", lambda c: c.update(architectures=["FooForCausalLM"]), "architectures",
-         "['FooForCausalLM'] is not supported; from-config knows DeepseekV3ForCausalLM"),
-        ("qwen3-8b", lambda c: (c.pop("architectures"), c.update(model_type="foo")), "model_type",
-         '"foo" is not supported'),
-        ("qwen3-8b", lambda c: (c.pop("architectures"), c.pop("model_type")), "architectures",
-         "missing (and no model_type)"),
+        (
+            "deepseek-v3",
+            lambda c: c.update(norm_topk_prob="yes"),
+            "norm_topk_prob",
+            "must be true or false",
+        ),
+        (
+            "qwen3-8b",
+            lambda c: c.update(architectures=["FooForCausalLM"]),
+            "architectures",
+            "['FooForCausalLM'] is not supported; from-config knows DeepseekV3ForCausalLM",
+        ),
+        (
+            "qwen3-8b",
+            lambda c: (c.pop("architectures"), c.update(model_type="foo")),
+            "model_type",
+            '"foo" is not supported',
+        ),
+        (
+            "qwen3-8b",
+            lambda c: (c.pop("architectures"), c.pop("model_type")),
+            "architectures",
+            "missing (and no model_type)",
+        ),
     ],
-    ids=["no-hidden", "no-head-dim", "null-eps", "gemma-nested", "gemma-no-text-config",
-         "string-hidden", "unsupported-hidden", "unsupported-head-dim", "no-experts",
-         "no-kv-lora", "bad-bool", "unknown-arch", "unknown-model-type", "no-arch"],
+    ids=[
+        "no-hidden",
+        "no-head-dim",
+        "null-eps",
+        "gemma-nested",
+        "gemma-no-text-config",
+        "string-hidden",
+        "unsupported-hidden",
+        "unsupported-head-dim",
+        "no-experts",
+        "no-kv-lora",
+        "bad-bool",
+        "unknown-arch",
+        "unknown-model-type",
+        "no-arch",
+    ],
 )
 def test_missing_or_bad_fields_name_the_field(tmp_path, name, edit, field, says):
     folder = broken(tmp_path, name, edit)
@@ -316,7 +450,7 @@ def test_unreadable_inputs(tiny_build, tmp_path):
     empty.mkdir()
     cases[empty] = "config.json: no such file"
     for path, says in cases.items():
-        with pytest.raises(ManifestError, match="") as info:
+        with pytest.raises(ManifestError) as info:
             load_model_config(path)
         assert says in str(info.value), (path, str(info.value))
         result = run("manifest", "from-config", path)

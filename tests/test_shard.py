@@ -41,8 +41,15 @@ def shard_files(tiny, tmp_path, count, *, manifest=None, tag="s"):
     for index in range(1, count + 1):
         out = tmp_path / f"{tag}-{index}-of-{count}.roseshard"
         result = run(
-            "build", manifest or tiny.manifest, "--shard", f"{index}/{count}", "-o", out,
-            "--cache-dir", tiny.cache_dir, "-q",
+            "build",
+            manifest or tiny.manifest,
+            "--shard",
+            f"{index}/{count}",
+            "-o",
+            out,
+            "--cache-dir",
+            tiny.cache_dir,
+            "-q",
         )
         assert result.exit_code == 0, result.output
         paths.append(out)
@@ -104,7 +111,11 @@ def test_a_shard_compiled_from_an_empty_cache_merges_identically(tiny_build, tmp
     manifest = load_manifest(tiny_build.manifest)
     plan = BuildPlan.from_manifests([manifest])
     fresh = build_shard(
-        [manifest], tmp_path / "fresh-2.roseshard", 2, 3, jobs=TINY_JOBS,
+        [manifest],
+        tmp_path / "fresh-2.roseshard",
+        2,
+        3,
+        jobs=TINY_JOBS,
         cache=ArtifactCache(tmp_path / "empty-cache"),
     )
     assert [r.item for r in fresh.items] == list(plan.shard_items(2, 3))
@@ -155,9 +166,12 @@ def test_merge_fails_on_shards_of_different_manifests(tiny_build, tmp_path):
     # Shard 2 of the other manifests; its items are never compiled: only the plan is compared.
     b2 = tmp_path / "b-2.roseshard"
     rewrite_bundle(
-        a1, b2,
+        a1,
+        b2,
         edit_index=lambda ix: ix.update(
-            shard={"index": 2, "count": 2}, plan=plan_b.to_json(), plan_digest=plan_b.digest,
+            shard={"index": 2, "count": 2},
+            plan=plan_b.to_json(),
+            plan_digest=plan_b.digest,
             results=[],
         ),
         edit_blobs=lambda blobs: blobs.clear(),
@@ -181,7 +195,8 @@ def _with_plan(src, dst, change):
 def test_merge_fails_on_shards_from_another_toolchain(tiny_build, tmp_path):
     s1, s2 = shard_files(tiny_build, tmp_path, 2)
     other = _with_plan(
-        s2, tmp_path / "other-2.roseshard",
+        s2,
+        tmp_path / "other-2.roseshard",
         lambda plan: plan["toolchain"]["packages"].update({"nvidia-cutlass-dsl": "9.9.9"}),
     )
     _merge_fails(tmp_path, [s1, other], "another toolchain (nvidia-cutlass-dsl 9.9.9 vs")
@@ -190,7 +205,8 @@ def test_merge_fails_on_shards_from_another_toolchain(tiny_build, tmp_path):
 def test_merge_fails_on_shards_from_other_kernel_sources(tiny_build, tmp_path):
     s1, s2 = shard_files(tiny_build, tmp_path, 2)
     other = _with_plan(
-        s2, tmp_path / "other-2.roseshard",
+        s2,
+        tmp_path / "other-2.roseshard",
         lambda plan: plan["source_digests"].update({"qk_norm": "0" * 64}),
     )
     _merge_fails(tmp_path, [s1, other], "other kernel sources (families qk_norm)")
@@ -201,8 +217,11 @@ def test_merge_fails_when_all_shards_come_from_other_sources_than_this_checkout(
 ):
     paths = shard_files(tiny_build, tmp_path, 2)
     moved = [
-        _with_plan(p, tmp_path / f"old-{i}.roseshard",
-                   lambda plan: plan["source_digests"].update({"rms_norm": "0" * 64}))
+        _with_plan(
+            p,
+            tmp_path / f"old-{i}.roseshard",
+            lambda plan: plan["source_digests"].update({"rms_norm": "0" * 64}),
+        )
         for i, p in enumerate(paths)
     ]
     _merge_fails(tmp_path, moved, "other rms_norm kernel sources than this checkout")
@@ -211,7 +230,8 @@ def test_merge_fails_when_all_shards_come_from_other_sources_than_this_checkout(
 def test_merge_fails_on_a_shard_holding_another_shards_items(tiny_build, tmp_path):
     s1, s2 = shard_files(tiny_build, tmp_path, 2)
     swapped = rewrite_bundle(
-        s1, tmp_path / "swapped.roseshard",
+        s1,
+        tmp_path / "swapped.roseshard",
         edit_index=lambda ix: ix["shard"].update(index=2),
     )
     _merge_fails(tmp_path, [s1, swapped], "does not hold exactly its items")
@@ -245,14 +265,18 @@ def test_read_shard_errors_are_rose_aot_errors(tiny_build, tmp_path):
 
 def test_build_rejects_a_bad_shard_spec(tiny_build):
     for spec, says in [("3/2", "outside 1..2"), ("0/1", "outside 1..1"), ("x", "write I/N")]:
-        result = run("build", tiny_build.manifest, "--shard", spec, "--cache-dir", tiny_build.cache_dir)
+        result = run(
+            "build", tiny_build.manifest, "--shard", spec, "--cache-dir", tiny_build.cache_dir
+        )
         assert result.exit_code == 2, result.output
         assert "Invalid value for '--shard'" in result.output and says in result.output
 
 
 def test_default_shard_output_name(tiny_build, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = run("build", tiny_build.manifest, "--shard", "2/3", "--cache-dir", tiny_build.cache_dir, "-q")
+    result = run(
+        "build", tiny_build.manifest, "--shard", "2/3", "--cache-dir", tiny_build.cache_dir, "-q"
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "build" / "tiny.shard-2-of-3.roseshard").is_file()
     assert (tmp_path / "build" / "tiny.shard-2-of-3.roseshard.report.json").is_file()
@@ -272,10 +296,12 @@ def test_build_report_lists_every_item(tiny_build):
         assert item["cached"] is False and item["seconds"] > 0
         assert item["family"] in ("rms_norm", "qk_norm")
         point = next(
-            p for p in reader.index["points"] if (p["key"], p["arch"]) == (item["key"], item["arch"])
+            p
+            for p in reader.index["points"]
+            if (p["key"], p["arch"]) == (item["key"], item["arch"])
         )
         assert [v["name"] for v in item["variants"]] == [v["name"] for v in point["variants"]]
-        for v, rec in zip(item["variants"], point["variants"]):
+        for v, rec in zip(item["variants"], point["variants"], strict=True):
             assert v["cubin_bytes"] == reader.blob_info(rec["cubin"])["raw_size"]
             assert v["ptx_bytes"] == reader.blob_info(rec["ptx"])["raw_size"]
             assert v["stored_bytes"] == (
@@ -290,8 +316,9 @@ def test_build_report_lists_every_item(tiny_build):
 
 def test_cli_build_writes_the_report_next_to_the_bundle(tiny_build, tmp_path):
     out = tmp_path / "again.rosebundle"
-    result = run("build", tiny_build.manifest, "-o", out, "--cache-dir", tiny_build.cache_dir,
-                 "-q", "--json")
+    result = run(
+        "build", tiny_build.manifest, "-o", out, "--cache-dir", tiny_build.cache_dir, "-q", "--json"
+    )
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     assert info["report"] == str(tmp_path / "again.rosebundle.report.json")
@@ -300,6 +327,15 @@ def test_cli_build_writes_the_report_next_to_the_bundle(tiny_build, tmp_path):
     assert all(i["cached"] and i["seconds"] == 0 for i in report["items"])
     assert out.read_bytes() == tiny_build.data
     custom = tmp_path / "reports" / "r.json"
-    result = run("build", tiny_build.manifest, "-o", out, "--cache-dir", tiny_build.cache_dir,
-                 "-q", "--report", custom)
+    result = run(
+        "build",
+        tiny_build.manifest,
+        "-o",
+        out,
+        "--cache-dir",
+        tiny_build.cache_dir,
+        "-q",
+        "--report",
+        custom,
+    )
     assert result.exit_code == 0 and json.loads(custom.read_text())["kind"] == REPORT_KIND

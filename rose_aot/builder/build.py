@@ -260,8 +260,10 @@ def _compile_task(item: WorkItem) -> tuple[list[dict], float]:
     start = time.perf_counter()
     try:
         compiled = compile_point(item.family, item.config, item.arch)
-    except RoseAotError:
+    except BuildError:
         raise
+    except RoseAotError as exc:  # e.g. a ConfigError from the family code: name the point
+        raise BuildError(item.key, item.arch, str(exc)) from None
     except Exception as exc:  # the DSL raises many types; keep its message
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         raise BuildError(item.key, item.arch, detail) from None

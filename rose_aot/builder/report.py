@@ -37,7 +37,9 @@ def build_report(summary: BuildSummary) -> dict:
     try:
         data = Path(summary.output).read_bytes()
     except OSError as exc:
-        raise RoseAotError(f"cannot read back {summary.output} for its build report: {exc}") from exc
+        raise RoseAotError(
+            f"cannot read back {summary.output} for its build report: {exc}"
+        ) from exc
     reader = BundleReader.from_bytes(data, path=str(summary.output))
 
     items = []
@@ -46,9 +48,7 @@ def build_report(summary: BuildSummary) -> dict:
         variants = []
         for v in result.variants:
             base = artifact_base(result.item, v["name"])
-            stored = sum(
-                reader.blob_info(base + suffix)["size"] for suffix in (".cubin", ".ptx")
-            )
+            stored = sum(reader.blob_info(base + suffix)["size"] for suffix in (".cubin", ".ptx"))
             record = {
                 "name": v["name"],
                 "cubin_bytes": len(v["cubin"]),
@@ -79,7 +79,8 @@ def build_report(summary: BuildSummary) -> dict:
         "output": str(summary.output),
         "output_kind": reader.index.get("kind"),
         "shard": (
-            None if summary.shard is None
+            None
+            if summary.shard is None
             else {"index": summary.shard[0], "count": summary.shard[1]}
         ),
         "bytes": len(data),

@@ -105,7 +105,7 @@ def build_shard(
     cache: ArtifactCache | None = None,
     progress: ProgressFn | None = None,
 ) -> BuildSummary:
-    """Compile shard `index` of `count` (1-based) of the build of `manifests`; write a shard file."""
+    """Compile shard `index` of `count` (1-based) of the build of `manifests` into a shard file."""
     start = time.perf_counter()
     parse_shard_spec(f"{index}/{count}")
     plan = BuildPlan.from_manifests(manifests, archs)
@@ -119,7 +119,9 @@ def build_shard(
             base = artifact_base(item, v["name"])
             blobs[base + ".cubin"] = v["cubin"]
             blobs[base + ".ptx"] = v["ptx"].encode()
-            variants.append({k: v[k] for k in ("name", "entries", "param_sizes", "compile_seconds")})
+            variants.append(
+                {k: v[k] for k in ("name", "entries", "param_sizes", "compile_seconds")}
+            )
         records.append(
             {
                 "key": item.key,
@@ -198,7 +200,9 @@ def read_shard(path) -> Shard:
                         "cubin": reader.blob(base + ".cubin"),
                     }
                 )
-            results[item] = ItemResult(item, variants, float(record["seconds"]), bool(record["cached"]))
+            results[item] = ItemResult(
+                item, variants, float(record["seconds"]), bool(record["cached"])
+            )
     except (KeyError, TypeError, ValueError, ConfigError, BundleError) as exc:
         raise ShardError(
             f"{path}: damaged or unreadable build shard ({_reason(exc)}); build it again with "
@@ -294,7 +298,9 @@ def _check_same_build(a: Shard, b: Shard) -> None:
         )
         what.append(f"other kernel sources (families {', '.join(families)})")
     if pa["toolchain"] != pb["toolchain"]:
-        what.append(f"another toolchain ({_toolchain_difference(pa['toolchain'], pb['toolchain'])})")
+        what.append(
+            f"another toolchain ({_toolchain_difference(pa['toolchain'], pb['toolchain'])})"
+        )
     if pa["manifests"] != pb["manifests"]:
         names_a = [m["name"] for m in pa["manifests"]]
         names_b = [m["name"] for m in pb["manifests"]]
@@ -302,7 +308,9 @@ def _check_same_build(a: Shard, b: Shard) -> None:
             what.append(f"other manifests ({', '.join(names_b)} vs {', '.join(names_a)})")
         else:
             changed = [
-                ma["name"] for ma, mb in zip(pa["manifests"], pb["manifests"]) if ma != mb
+                ma["name"]
+                for ma, mb in zip(pa["manifests"], pb["manifests"], strict=True)
+                if ma != mb
             ]
             what.append(f"other manifest contents or archs ({', '.join(changed)})")
     if not what:

@@ -58,6 +58,7 @@ class KernelFamily:
     Config: ClassVar[type]
     device_module: ClassVar[str]  # dotted module with `host_function(config, variant, arch)`
     size_names: ClassVar[tuple[str, ...]] = ("tokens",)  # runtime sizes the plan depends on
+    plan_choices: ClassVar[tuple[str, ...]] = ("decode", "prefill")  # names `force` accepts
     # Config fields that make a point's "shape" (tensor extents): `rose-aot diff` reports two
     # points of one shape with other settings as one changed point. None: every field is shape.
     shape_fields: ClassVar[tuple[str, ...] | None] = None
@@ -142,8 +143,17 @@ class KernelFamily:
     def plan(
         self, config: Any, arch: Arch, sizes: dict[str, int], force: str | None = None
     ) -> tuple[Launch, ...]:
-        """The launches for these runtime sizes. `force` picks a variant by name (tests)."""
+        """The launches for these runtime sizes. `force` picks a plan by name (tests, benchmarks);
+        implementations call `check_force` first."""
         raise NotImplementedError
+
+    def check_force(self, force: str | None) -> None:
+        if force is not None and force not in self.plan_choices:
+            raise ConfigError(
+                self.name,
+                "variant",
+                f"unknown variant {force!r}; choose one of {', '.join(self.plan_choices)}",
+            )
 
     def reference(self, config: Any, *tensors) -> None:
         """Float64 torch reference: performs the kernel's writes on the given (CPU) tensors."""

@@ -78,6 +78,7 @@ class MoeCombine(KernelFamily):
         return (decode, prefill)
 
     def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
+        self.check_force(force)
         tokens = sizes["tokens"]
         if tokens == 0:
             return ()

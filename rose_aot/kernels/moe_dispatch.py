@@ -37,8 +37,10 @@ __all__ = ["MoeDispatchConfig", "MoeDispatch"]
 
 _TOKEN_DTYPES = ("bfloat16", "float16", "float8_e4m3fn")
 BLOCK_THREADS = 256
-# decode while the (token, k) pairs fit this many per SM of the target; measured crossover on
-# the H200 recorded in benchmarks/results (see tuning notes in README).
+# Decode (one cooperative launch) while there are at most this many (token, k) pairs per SM of
+# the target. Measured on the H200, 128 experts, top-8, hidden 2048
+# (benchmarks/results/moe-h200.md): decode 6.35 vs prefill 7.23 µs at 128 tokens (1024 pairs),
+# 8.61 vs 8.23 µs at 256 tokens (2048 pairs); 8 x 132 SMs = 1056 pairs puts the switch between.
 DECODE_MAX_PAIRS_PER_SM = 8
 
 
@@ -154,6 +156,7 @@ class MoeDispatch(KernelFamily):
         )
 
     def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
+        self.check_force(force)
         tokens, rows = sizes["tokens"], sizes["rows"]
         if tokens == 0:
             return ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils
+import cutlass.memory
 from cutlass import Int32, const_expr
 
 from ..archs import Arch
@@ -15,8 +15,9 @@ from .spec import DTYPES, Variant
 
 __all__ = ["host_function"]
 
-# 128-bit vectors a lane moves per round of a row copy (bounds live registers).
-COPY_CHUNK = 8
+# 128-bit vectors a lane loads before it stores them (a row copy's loads in flight per lane;
+# 16 x 16 B = 64 registers).
+COPY_CHUNK = 16
 
 
 def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
@@ -120,7 +121,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         blocks = cute.arch.grid_dim()[0]
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         sCount = alloc.allocate_tensor(Int32, cute.make_layout(E + 1), byte_alignment=16)
         sBase = alloc.allocate_tensor(Int32, cute.make_layout(E + 1), byte_alignment=16)
         sOffset = alloc.allocate_tensor(Int32, cute.make_layout(E + 1), byte_alignment=16)

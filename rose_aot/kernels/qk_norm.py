@@ -100,6 +100,7 @@ class QkNorm(KernelFamily):
         return variant.threads // variant.constants["lanes_per_head"]
 
     def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
+        self.check_force(force)
         tokens = sizes["tokens"]
         if tokens == 0:
             return ()

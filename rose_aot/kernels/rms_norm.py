@@ -132,6 +132,7 @@ class RmsNorm(KernelFamily):
         return (decode, prefill)
 
     def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
+        self.check_force(force)
         tokens = sizes["tokens"]
         if tokens == 0:
             return ()

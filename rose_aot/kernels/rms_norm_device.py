@@ -5,7 +5,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils
+import cutlass.memory
 from cutlass import Float32, Int32, const_expr
 
 from ..archs import Arch
@@ -84,7 +84,7 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
 
         ss = butterfly_sum((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), 32)
         if const_expr(warps > 1):
-            smem = cutlass.utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             sSum = smem.allocate_tensor(Float32, cute.make_layout((warps, rows)), byte_alignment=16)
             warp = t // 32
             if t % 32 == 0:

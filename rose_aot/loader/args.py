@@ -123,6 +123,7 @@ class ArgBinder:
             )
         dims: dict[str, int] = {}
         device = None
+        devices = []
         for spec, value in zip(self.args, values):
             if isinstance(spec, ScalarArg):
                 raise ArgumentError(f"{self.owner}: scalar arguments are not supported yet")
@@ -170,14 +171,16 @@ class ArgBinder:
                     f"{where}: data pointer 0x{value.data_ptr():x} is not {spec.align}-byte "
                     f"aligned; slice at a multiple of {spec.align // value.element_size()} elements"
                 )
-            # Checked last so that every other check also runs on CPU tensors (tests).
-            if value.device.type != "cuda":
-                raise ArgumentError(f"{where} must be on a CUDA device, got {value.device}")
+            devices.append((where, value.device))
+        # Checked after every argument's other checks, so that those also run on CPU tensors.
+        for where, dev in devices:
+            if dev.type != "cuda":
+                raise ArgumentError(f"{where} must be on a CUDA device, got {dev}")
             if device is None:
-                device = value.device.index
-            elif value.device.index != device:
+                device = dev.index
+            elif dev.index != device:
                 raise ArgumentError(
-                    f"{where} is on cuda:{value.device.index} but earlier arguments are on "
+                    f"{where} is on cuda:{dev.index} but earlier arguments are on "
                     f"cuda:{device}; put all arguments on one device"
                 )
         return dims, device

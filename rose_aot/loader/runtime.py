@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..archs import ARCHS, arch_for_capability, get_arch
 from ..bundle import BundleReader
-from ..errors import BundleError, ConfigError, DeviceError, KernelNotFoundError
+from ..errors import BundleError, ConfigError, DeviceError, KernelNotFoundError, RoseAotError
 from ..kernels import get_family
 from ..kernels.spec import param_fields, param_size
 from . import driver
@@ -42,8 +42,16 @@ class KernelBundle:
         # (point key, arch) -> point record
         self._points: dict[tuple[str, str], dict] = {}
         for point in index.get("points", []):
-            self._check_point(point)
-            self._points[(point["key"], point["arch"])] = point
+            try:
+                self._check_point(point)
+                self._points[(point["key"], point["arch"])] = point
+            except (KeyError, TypeError, AttributeError) as exc:
+                if isinstance(exc, RoseAotError):
+                    raise
+                raise BundleError(
+                    f"{self.path}: a point record of the index is malformed "
+                    f"({type(exc).__name__}: {exc}); rebuild the bundle with `rose-aot build`"
+                ) from exc
         self._libraries: dict[tuple[str, str, str], object] = {}
         self._device_kernels: dict[tuple[int, str, str, str], list] = {}
         self._device_arch: dict[int, str] = {}
@@ -80,6 +88,9 @@ class KernelBundle:
             }
             sizes = [param_size(args[p]) for p in spec.params]
             bad = [k for k, v in expect.items() if rec.get(k) != v]
+            entries = rec.get("entries")
+            if not entries or len(rec.get("param_sizes", [])) != len(entries):
+                bad.append("entries")
             if bad or any(s != sizes for s in rec.get("param_sizes", [])):
                 raise BundleError(
                     f"{self.path}: {point['key']} variant {name} on {point['arch']}: launch facts "

@@ -224,10 +224,14 @@ def diff_sides(a: DiffSide, b: DiffSide) -> Diff:
         )
     for p in only_a:
         if p.key not in paired_a:
-            fam(p.family).removed.append({"key": p.key, "config": p.config, "archs": _sorted_archs(p.archs)})
+            fam(p.family).removed.append(
+                {"key": p.key, "config": p.config, "archs": _sorted_archs(p.archs)}
+            )
     for p in only_b:
         if p.key not in paired_b:
-            fam(p.family).added.append({"key": p.key, "config": p.config, "archs": _sorted_archs(p.archs)})
+            fam(p.family).added.append(
+                {"key": p.key, "config": p.config, "archs": _sorted_archs(p.archs)}
+            )
 
     common = sorted(set(a.points) & set(b.points))
     for key in common:
@@ -285,7 +289,9 @@ def _artifact_change(a: DiffSide, b: DiffSide, family: str, key: str, arch: str)
     if tool_a != tool_b or abi_a != abi_b:
         reasons.append("toolchain")
     fa, fb = a.artifacts[(key, arch)], b.artifacts[(key, arch)]
-    launch_changed = {n: f["launch"] for n, f in fa.items()} != {n: f["launch"] for n, f in fb.items()}
+    launch_changed = {n: f["launch"] for n, f in fa.items()} != {
+        n: f["launch"] for n, f in fb.items()
+    }
     bytes_changed = [
         name
         for name in sorted(set(fa) | set(fb))
@@ -336,7 +342,10 @@ def render(diff: Diff) -> str:
     """The human table, grouped by family."""
     lines = [f"--- {diff.a.path} ({diff.a.kind})", f"+++ {diff.b.path} ({diff.b.kind})"]
     if diff.same:
-        lines.append("same kernel points" + (" and artifacts" if diff.a.is_bundle and diff.b.is_bundle else ""))
+        lines.append(
+            "same kernel points"
+            + (" and artifacts" if diff.a.is_bundle and diff.b.is_bundle else "")
+        )
         return "\n".join(lines)
     rows: list[tuple[str, str, str, str]] = []  # family, change, archs, point
     notes: dict[int, str] = {}  # row index -> a detail line printed under it
@@ -357,17 +366,23 @@ def render(diff: Diff) -> str:
             delta = " ".join([f"+{x}" for x in c["added"]] + [f"-{x}" for x in c["removed"]])
             rows.append((name, "archs", delta, c["key"]))
         for c in f.artifacts_changed:
-            notes[len(rows)] = "-> " + ", ".join(c["reasons"]) + (
-                " (artifacts identical)" if c["artifacts_identical"] else ""
+            notes[len(rows)] = (
+                "-> "
+                + ", ".join(c["reasons"])
+                + (" (artifacts identical)" if c["artifacts_identical"] else "")
             )
             rows.append((name, "rebuilt", c["arch"], c["key"]))
     header = ("family", "change", "archs", "point")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
     indent = " " * (sum(widths) + 6)
     lines.append("")
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header[:3], widths)) + "  " + header[3])
+    lines.append(
+        "  ".join(h.ljust(w) for h, w in zip(header[:3], widths, strict=True)) + "  " + header[3]
+    )
     for i, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+        lines.append(
+            "  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
+        )
         if i in notes:
             lines.append(indent + notes[i])
     if diff.toolchain:

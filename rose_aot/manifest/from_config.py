@@ -71,7 +71,9 @@ def load_model_config(path: str | os.PathLike) -> tuple[dict, Path]:
     try:
         doc = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
-        raise ManifestError(path, f"is not UTF-8 text (offset {exc.start}); pass a config.json") from exc
+        raise ManifestError(
+            path, f"is not UTF-8 text (offset {exc.start}); pass a config.json"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise ManifestError(path, f"invalid JSON: {exc}") from exc
     if not isinstance(doc, dict):
@@ -251,8 +253,12 @@ def _mixtral(v: _View) -> _Model:
 
 # Gemma3TextConfig's defaults, which the published gemma-3 config.json files rely on (the 12B
 # text_config states neither head_dim nor rms_norm_eps, the 4B not even its heads).
-_GEMMA3_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                    "rms_norm_eps": 1e-6}
+_GEMMA3_DEFAULTS = {
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "rms_norm_eps": 1e-6,
+}
 
 
 def _gemma3(v: _View) -> _Model:
@@ -371,7 +377,9 @@ def _architecture(config: dict, path: str) -> str:
     if archs is not None:
         if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
             raise ManifestError(
-                path, f"must be a list of class names (got {json.dumps(archs)})", field="architectures"
+                path,
+                f"must be a list of class names (got {json.dumps(archs)})",
+                field="architectures",
             )
         for name in archs:
             if name in _ARCHITECTURES:
@@ -393,7 +401,7 @@ def _architecture(config: dict, path: str) -> str:
         )
     raise ManifestError(
         path,
-        'missing (and no model_type); a Hugging Face config.json names its model class, '
+        "missing (and no model_type); a Hugging Face config.json names its model class, "
         'e.g. "architectures": ["Qwen3ForCausalLM"]',
         field="architectures",
     )
@@ -632,7 +640,7 @@ def _validate(entry: KernelEntry, view: _View) -> None:
     sources = dict(entry.sources)
     for combination in itertools.product(*axes):
         try:
-            family.make_config(**dict(zip(fields, combination)))
+            family.make_config(**dict(zip(fields, combination, strict=True)))
         except ConfigError as exc:
             source = sources.get(exc.field)
             message = f"rose-aot's {entry.family} cannot take it: {exc.reason}"
@@ -649,7 +657,9 @@ def _heads_per_rank(view: _View, heads: tuple[int, int, int], tp: int) -> tuple[
         view.fail("num_attention_heads", f"{q} heads do not split evenly over --tp {tp} ranks")
     if kv >= tp:
         if kv % tp:
-            view.fail("num_key_value_heads", f"{kv} KV heads do not split evenly over --tp {tp} ranks")
+            view.fail(
+                "num_key_value_heads", f"{kv} KV heads do not split evenly over --tp {tp} ranks"
+            )
         kv_per_rank = kv // tp
     else:
         if tp % kv:
