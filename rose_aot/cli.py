@@ -333,8 +333,8 @@ def from_config(config, tp, archs, dtype, name, output, as_json):
     Knows Qwen3 (dense and MoE), Llama, Mistral, Mixtral, Gemma 3, DeepSeek-V3 and gpt-oss:
     rms_norm points for the decoder norms (plain and fused residual add), qk_norm for models
     with per-head Q/K norms, with eps, head_dim and Gemma's weight offset. MoE layers (experts,
-    top-k, hidden, experts per rank under --tp) have no kernel family yet: they are written as a
-    comment block and in --json.
+    top-k, hidden, experts per rank under --tp) are not turned into MoE kernel points yet: they
+    are written as a comment block and in --json.
     """
     from .manifest.from_config import manifest_from_config
 

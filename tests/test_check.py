@@ -402,3 +402,19 @@ def test_bad_inputs_exit_two(tiny_build, tmp_path, args, says):
     result = run("check", *[a.format(**values) for a in args])
     assert result.exit_code == 2, result.output
     assert says in result.output
+
+
+def test_a_malformed_index_is_an_error_not_a_crash(tiny_build, tmp_path):
+    odd_toolchain = rewrite_bundle(
+        tiny_build.path,
+        tmp_path / "tc.rosebundle",
+        edit_index=lambda ix: ix.update(toolchain=["not", "a", "table"]),
+    )
+    report = check_bundle(odd_toolchain, tiny_build.manifest)
+    assert report.missing == [] and not report.ok
+    assert all("cannot tell which driver" in p for p in report.driver_problems)
+    bad_points = rewrite_bundle(
+        tiny_build.path, tmp_path / "pts.rosebundle", edit_index=lambda ix: ix.update(points=7)
+    )
+    result = run("check", "--bundle", bad_points, tiny_build.manifest)
+    assert result.exit_code == 2 and "malformed point list" in result.output

@@ -44,6 +44,23 @@ def qk(**values) -> str:
     return fam.key(fam.make_config(**values))
 
 
+def dispatch(**values) -> str:
+    fam = get_family("moe_dispatch")
+    return fam.key(fam.make_config(**values))
+
+
+def combine(**values) -> str:
+    fam = get_family("moe_combine")
+    return fam.key(fam.make_config(**values))
+
+
+def moe_points(experts: int, top_k: int, hidden: int) -> list[str]:
+    return [
+        dispatch(num_experts=experts, top_k=top_k, hidden=hidden),
+        combine(top_k=top_k, hidden=hidden),
+    ]
+
+
 def config(name: str) -> dict:
     return json.loads((CONFIGS / name / "config.json").read_text())
 
@@ -59,12 +76,23 @@ EXPECTED = {
         ],
         None,
     ),
+    "qwen3-235b-a22b": (
+        "Qwen3MoeForCausalLM",
+        [
+            rms(hidden=4096, eps=1e-6, fused_residual=False),
+            rms(hidden=4096, eps=1e-6, fused_residual=True),
+            qk(num_q_heads=64, num_k_heads=4, head_dim=128, eps=1e-6),
+            *moe_points(128, 8, 4096),
+        ],
+        (128, 8),
+    ),
     "qwen3-30b-a3b": (
         "Qwen3MoeForCausalLM",
         [
             rms(hidden=2048, eps=1e-6, fused_residual=False),
             rms(hidden=2048, eps=1e-6, fused_residual=True),
             qk(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6),
+            *moe_points(128, 8, 2048),
         ],
         (128, 8),
     ),
@@ -89,6 +117,7 @@ EXPECTED = {
         [
             rms(hidden=4096, eps=1e-5, fused_residual=False),
             rms(hidden=4096, eps=1e-5, fused_residual=True),
+            *moe_points(8, 2, 4096),
         ],
         (8, 2),
     ),
@@ -108,6 +137,11 @@ EXPECTED = {
             rms(hidden=7168, eps=1e-6, fused_residual=True),
             rms(hidden=1536, eps=1e-6),
             rms(hidden=512, eps=1e-6),
+            dispatch(num_experts=256, top_k=8, hidden=7168),
+            dispatch(
+                num_experts=256, top_k=8, hidden=7168, dtype="float8_e4m3fn", scale_group=128
+            ),
+            combine(top_k=8, hidden=7168),
         ],
         (256, 8),
     ),
@@ -116,6 +150,7 @@ EXPECTED = {
         [
             rms(hidden=2880, eps=1e-5, fused_residual=False),
             rms(hidden=2880, eps=1e-5, fused_residual=True),
+            *moe_points(32, 4, 2880),
         ],
         (32, 4),
     ),
@@ -124,6 +159,7 @@ EXPECTED = {
         [
             rms(hidden=2880, eps=1e-5, fused_residual=False),
             rms(hidden=2880, eps=1e-5, fused_residual=True),
+            *moe_points(128, 4, 2880),
         ],
         (128, 4),
     ),
@@ -177,7 +213,7 @@ def test_derived_points_and_moe_facts(name, tmp_path):
         assert (info["moe"]["num_experts"], info["moe"]["top_k"]) == moe
         assert info["moe"]["experts_per_rank"] == moe[0]
         text = out.read_text()
-        assert "# MoE layers: rose-aot has no MoE kernel family yet" in text
+        assert "# MoE layers (the moe_dispatch and moe_combine points below" in text
         assert f"#   num_experts = {moe[0]}\n" in text and f"#   top_k = {moe[1]}\n" in text
 
 
@@ -228,6 +264,7 @@ def test_deepseek_v3_moe_facts():
         expert_groups=8,
         topk_groups=4,
         routed_scaling_factor=2.5,
+        fp8_block=128,
     )
 
 
@@ -251,9 +288,16 @@ def test_model_type_alone_names_the_architecture():
     assert derive_manifest(cfg, path="l/config.json").architecture == "LlamaForCausalLM"
 
 
-def test_moe_hook_is_one_function_and_emits_nothing_yet():
+def test_moe_points_come_from_one_function_one_point_per_rank():
     moe = manifest_from_config(CONFIGS / "mixtral-8x7b").moe
-    assert moe_kernel_entries(moe, "bfloat16") == []
+    entries = moe_kernel_entries(moe, "bfloat16")
+    assert [e.family for e in entries] == ["moe_dispatch", "moe_combine"]
+    assert dict(entries[0].fields) == {
+        "num_experts": 8, "top_k": 2, "hidden": 4096, "dtype": "bfloat16"
+    }
+    derived = manifest_from_config(CONFIGS / "qwen3-30b-a3b", tp=4).manifest()
+    ranks = [p.config for p in derived.points if p.family == "moe_dispatch"]
+    assert [(c.expert_start, c.local_experts) for c in ranks] == [(0, 32), (32, 32), (64, 32), (96, 32)]
 
 
 # ------------------------------------------------------------------------------ tensor parallel

@@ -41,11 +41,33 @@ def qk(**values) -> Point:
 
 
 # --- shipped manifests --------------------------------------------------------------------------
+def dispatch(**values) -> Point:
+    return Point("moe_dispatch", get_family("moe_dispatch").make_config(**values))
+
+
+def combine(**values) -> Point:
+    return Point("moe_combine", get_family("moe_combine").make_config(**values))
+
+
+def moe(experts: int, top_k: int, hidden: int) -> list[Point]:
+    return [
+        dispatch(num_experts=experts, top_k=top_k, hidden=hidden),
+        combine(top_k=top_k, hidden=hidden),
+    ]
+
+
 SHIPPED = {
+    "qwen3-235b-a22b": [
+        rms(hidden=4096, eps=1e-6, fused_residual=False),
+        rms(hidden=4096, eps=1e-6, fused_residual=True),
+        qk(num_q_heads=64, num_k_heads=4, head_dim=128, eps=1e-6),
+        *moe(128, 8, 4096),
+    ],
     "qwen3-30b-a3b": [
         rms(hidden=2048, eps=1e-6, fused_residual=False),
         rms(hidden=2048, eps=1e-6, fused_residual=True),
         qk(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6),
+        *moe(128, 8, 2048),
     ],
     "qwen3-8b": [
         rms(hidden=4096, eps=1e-6, fused_residual=False),
@@ -68,20 +90,30 @@ SHIPPED = {
     "mixtral-8x7b": [
         rms(hidden=4096, eps=1e-5, fused_residual=False),
         rms(hidden=4096, eps=1e-5, fused_residual=True),
+        *moe(8, 2, 4096),
     ],
     "deepseek-v3": [
         rms(hidden=7168, eps=1e-6, fused_residual=False),
         rms(hidden=7168, eps=1e-6, fused_residual=True),
         rms(hidden=1536, eps=1e-6),  # q_a_layernorm (MLA query latent)
         rms(hidden=512, eps=1e-6),  # kv_a_layernorm (MLA key/value latent)
+        *[
+            dispatch(num_experts=256, top_k=8, hidden=7168),
+            dispatch(
+                num_experts=256, top_k=8, hidden=7168, dtype="float8_e4m3fn", scale_group=128
+            ),
+            combine(top_k=8, hidden=7168),
+        ],
     ],
     "gpt-oss-20b": [
         rms(hidden=2880, eps=1e-5, fused_residual=False),
         rms(hidden=2880, eps=1e-5, fused_residual=True),
+        *moe(32, 4, 2880),
     ],
     "gpt-oss-120b": [
         rms(hidden=2880, eps=1e-5, fused_residual=False),
         rms(hidden=2880, eps=1e-5, fused_residual=True),
+        *moe(128, 4, 2880),
     ],
 }
 
@@ -100,7 +132,11 @@ def test_shipped_manifest_loads(name):
     assert m.description
     assert m.digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert m.points == tuple(SHIPPED[name])
-    assert all(p.config.dtype == "bfloat16" for p in m.points)
+    # bf16 activations; only DeepSeek-V3's fp8 checkpoint also dispatches float8 tokens
+    assert all(
+        p.config.dtype == "bfloat16" or (name, p.family) == ("deepseek-v3", "moe_dispatch")
+        for p in m.points
+    )
     # The file names its source model, so the numbers can be checked against config.json.
     assert "config.json" in path.read_text(encoding="utf-8")
 
@@ -108,7 +144,7 @@ def test_shipped_manifest_loads(name):
 def test_load_manifests_directory_returns_all_shipped_in_name_order():
     manifests = load_manifests([MANIFEST_DIR])
     assert [m.name for m in manifests] == sorted(SHIPPED)
-    assert sum(len(m.points) for m in manifests) == sum(len(p) for p in SHIPPED.values()) == 23
+    assert sum(len(m.points) for m in manifests) == sum(len(p) for p in SHIPPED.values()) == 39
 
 
 # --- expansion, dedup, defaults -----------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
 
 __all__ = ["CUTLASS_DTYPES", "cutlass_dtype", "butterfly_sum", "grid_barrier", "block_exclusive_sum"]
 
@@ -33,6 +34,22 @@ def butterfly_sum(value: Float32, lanes: cutlass.Constexpr) -> Float32:
     return value
 
 
+def load_acquire_gpu(word: cute.Pointer) -> Int32:
+    """ld.acquire.gpu of a global int32: a plain load for spinning (an atomic would queue behind
+    every other spinning block at the L2 atomic unit), ordered before the reads that follow."""
+    return Int32(
+        llvm.inline_asm(
+            Int32.mlir_type,
+            [word.toint().ir_value()],
+            "ld.acquire.gpu.global.b32 $0, [$1];",
+            "=r,l",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
 @cute.jit
 def grid_barrier(word: cute.Pointer):
     """Grid-wide barrier of a cooperative launch, on one zero-initialised global int32.
@@ -42,7 +59,7 @@ def grid_barrier(word: cute.Pointer):
     this block has arrived). The last arrival adds 2**31 - blocks, which clears the count and
     flips the phase in one atomic, so the word is ready for the next barrier and the next launch
     (CUDA-graph replays included) without any reset. Waiters spin with acquire loads until the
-    phase flips. Every thread of every block must call it.
+    phase flips (plain acquire loads). Every thread of every block must call it.
     """
     blocks = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
     cute.arch.fence_acq_rel_gpu()
@@ -53,9 +70,9 @@ def grid_barrier(word: cute.Pointer):
         phase = (old >> 31) & 1
         if (old & 0x7FFFFFFF) + 1 == blocks:
             cute.arch.atomic_add(word, Int32(0x7FFFFFFF) - blocks + 1, sem="acq_rel", scope="gpu")
-        current = cute.arch.atomic_add(word, Int32(0), sem="acquire", scope="gpu")
+        current = load_acquire_gpu(word)
         while ((current >> 31) & 1) == phase:
-            current = cute.arch.atomic_add(word, Int32(0), sem="acquire", scope="gpu")
+            current = load_acquire_gpu(word)
     cute.arch.sync_threads()
     cute.arch.fence_acq_rel_gpu()
 

@@ -10,7 +10,7 @@ from cutlass import Int32, const_expr
 
 from ..archs import Arch
 from .device_utils import block_exclusive_sum, cutlass_dtype, grid_barrier
-from .moe_dispatch import BLOCK_THREADS, MoeDispatch, MoeDispatchConfig
+from .moe_dispatch import BLOCK_THREADS, DECODE_MAX_PAIRS_PER_SM, MoeDispatch, MoeDispatchConfig
 from .spec import DTYPES, Variant
 
 __all__ = ["host_function"]
@@ -37,6 +37,9 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     per_thread = -(-E // threads)  # experts each thread scans
     dtype = cutlass_dtype(config.dtype)
     smem = variant.smem
+    # Pairs per thread the decode router keeps in registers: enough for every token count the
+    # plan sends to decode on this arch; forced larger launches take the general loop.
+    reg_pairs = -(-arch.sm_count * DECODE_MAX_PAIRS_PER_SM // threads)
 
     @cute.jit
     def count_pairs(mIds, mPos, sCount, first, step):
@@ -75,6 +78,34 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
             if write_out:
                 mOffsets[E] = total
         cute.arch.sync_threads()
+
+    @cute.jit
+    def route_in_registers(mIds, mPos, sCount, sOffset, sWarp, mOffsets, mPadStart):
+        """Decode routing by one block, each thread's pairs held in registers from the count to
+        the final position (no round trip of slots through global memory)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        pairs = mIds.shape[0] * K
+        rIds = cute.make_rmem_tensor(reg_pairs, Int32)
+        rSlot = cute.make_rmem_tensor(reg_pairs, Int32)
+        for j in cutlass.range_constexpr(reg_pairs):
+            i = tidx + j * threads
+            rIds[j] = Int32(-1)
+            if i < pairs:
+                rIds[j] = mIds[i // K, i % K]
+        for j in cutlass.range_constexpr(reg_pairs):
+            e = rIds[j] - e0
+            rSlot[j] = Int32(-1)
+            if rIds[j] >= 0 and rIds[j] < n_experts and e >= 0 and e < E:
+                rSlot[j] = cute.arch.atomic_add(sCount.iterator + e, Int32(1), scope="cta")
+        cute.arch.sync_threads()
+        scan_experts(sCount, sOffset, sWarp, mOffsets, mPadStart, True)
+        for j in cutlass.range_constexpr(reg_pairs):
+            i = tidx + j * threads
+            if i < pairs:
+                row = Int32(-1)
+                if rSlot[j] >= 0:
+                    row = sOffset[rIds[j] - e0] + rSlot[j]
+                mPos[i // K, i % K] = row
 
     @cute.jit
     def copy_rows(mX, mXs, mOut, mOutS, mOffsets, mPos, mCounts, mPadStart, first_warp, warp_step,
@@ -131,16 +162,19 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         cute.arch.sync_threads()
         if const_expr(phase == "decode"):
             if bidx == 0:
-                count_pairs(mIds, mPos, sCount, tidx, threads)
-                cute.arch.sync_threads()
-                scan_experts(sCount, sOffset, sWarp, mOffsets, mPadStart, True)
                 pairs = mIds.shape[0] * K
-                for i in cutlass.range(tidx, pairs, threads):
-                    t = i // K
-                    k = i % K
-                    slot = mPos[t, k]
-                    if slot >= 0:
-                        mPos[t, k] = slot + sOffset[mIds[t, k] - e0]
+                if pairs <= threads * reg_pairs:
+                    route_in_registers(mIds, mPos, sCount, sOffset, sWarp, mOffsets, mPadStart)
+                else:
+                    count_pairs(mIds, mPos, sCount, tidx, threads)
+                    cute.arch.sync_threads()
+                    scan_experts(sCount, sOffset, sWarp, mOffsets, mPadStart, True)
+                    for i in cutlass.range(tidx, pairs, threads):
+                        t = i // K
+                        k = i % K
+                        slot = mPos[t, k]
+                        if slot >= 0:
+                            mPos[t, k] = slot + sOffset[mIds[t, k] - e0]
             grid_barrier(mBar.iterator)
             copy_rows(mX, mXs, mOut, mOutS, mOffsets, mPos, mCounts, mPadStart,
                       bidx * warps + tidx // 32, blocks * warps, False)

@@ -8,9 +8,9 @@ architectures with per-head Q/K norms (Qwen3, Gemma 3). Under ``--tp N`` the Q/K
 heads of one rank.
 
 MoE layers are derived too (:class:`MoeFacts`: experts, top-k, hidden, experts per rank under
-``--tp``), but rose-aot has no MoE kernel family yet, so they go into a comment block of the
-written manifest and into the ``--json`` output; :func:`moe_kernel_entries` is the one function
-that turns them into [[kernel]] entries once the family exists.
+``--tp``), but not yet turned into moe_dispatch / moe_combine points: they go into a comment
+block of the written manifest and into the ``--json`` output, and :func:`moe_kernel_entries` is
+the one function that will turn them into [[kernel]] entries.
 
 Each architecture reads only the fields it needs, and a missing or mistyped field is a
 ManifestError naming the file, the architecture and the field (``text_config.hidden_size`` for
@@ -152,7 +152,7 @@ class _View:
 # --- what a model needs -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MoeFacts:
-    """The MoE layers of a model, as the moe_dispatch family will need them."""
+    """The MoE layers of a model, as the moe_dispatch / moe_combine points will need them."""
 
     num_experts: int  # routed experts
     top_k: int  # experts per token
@@ -167,6 +167,9 @@ class MoeFacts:
     expert_groups: int = 1  # group-limited routing (DeepSeek n_group / topk_group)
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    # float8 block quantization of the activations (DeepSeek-V3's quantization_config): the
+    # tokens are dispatched in float8 with one fp32 scale per this many elements; 0 = none.
+    fp8_block: int = 0
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -312,6 +315,7 @@ def _deepseek_v3(v: _View) -> _Model:
         "expert_groups": v.int("n_group", "the MoE routing"),
         "topk_groups": v.int("topk_group", "the MoE routing"),
         "routed_scaling_factor": v.float("routed_scaling_factor", "the MoE routing"),
+        "fp8_block": _fp8_block(v),
     }
     return _Model(
         hidden,
@@ -321,6 +325,21 @@ def _deepseek_v3(v: _View) -> _Model:
         moe=moe,
         moe_field="n_routed_experts",
     )
+
+
+def _fp8_block(v: _View) -> int:
+    """Elements per activation scale of an fp8 block-quantized checkpoint, else 0."""
+    quant = v.data.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        return 0
+    block = quant.get("weight_block_size")
+    if (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        v.fail("quantization_config.weight_block_size", "must be two positive integers for fp8")
+    return block[1]
 
 
 def _gpt_oss(v: _View) -> _Model:
@@ -446,8 +465,7 @@ class DerivedManifest:
         if self.moe is not None:
             lines += [
                 "#",
-                "# MoE layers: rose-aot has no MoE kernel family yet, so no [[kernel]] entries;",
-                "# these are the facts the moe_dispatch family will turn into points:",
+                "# MoE layers (the moe_dispatch and moe_combine points below come from these):",
             ]
             lines += [f"#   {k} = {_toml_value(v)}" for k, v in self.moe.to_json().items()]
         lines += [
@@ -489,10 +507,46 @@ class DerivedManifest:
 
 
 def moe_kernel_entries(moe: MoeFacts, dtype: str) -> list[KernelEntry]:
-    """The [[kernel]] entries of a model's MoE layers. Empty until the moe_dispatch family
-    exists (an unknown family fails manifest validation); then return its entries from `moe`,
-    e.g. num_experts, experts_per_rank, top_k, hidden and dtype, decode and prefill."""
-    return []
+    """The [[kernel]] entries of a model's MoE layers: the one place MoE points come from.
+
+    moe_dispatch over the routed experts and moe_combine of their outputs. Under tensor
+    parallelism every rank dispatches to its own expert range, so the entry lists one
+    expert_start per rank (one point each) with local_experts experts each."""
+    dispatch = [
+        ("num_experts", moe.num_experts),
+        ("top_k", moe.top_k),
+        ("hidden", moe.hidden),
+        ("dtype", dtype),
+    ]
+    comment = "token dispatch to the routed experts, grouped by expert"
+    if moe.tp > 1:
+        dispatch += [
+            ("expert_start", [r * moe.experts_per_rank for r in range(moe.tp)]),
+            ("local_experts", moe.experts_per_rank),
+        ]
+        comment += f" (the experts of each of {moe.tp} tensor-parallel ranks)"
+    entries = [
+        KernelEntry("moe_dispatch", tuple(dispatch), comment + ".", (("hidden", "hidden_size"),))
+    ]
+    if moe.fp8_block:
+        fp8 = [(k, "float8_e4m3fn" if k == "dtype" else v) for k, v in dispatch]
+        entries.append(
+            KernelEntry(
+                "moe_dispatch",
+                (*fp8, ("scale_group", moe.fp8_block)),
+                f"the same dispatch of float8 tokens with one fp32 scale per {moe.fp8_block} "
+                "elements (quantization_config.weight_block_size).",
+                (("hidden", "hidden_size"), ("scale_group", "quantization_config")),
+            )
+        )
+    return entries + [
+        KernelEntry(
+            "moe_combine",
+            (("top_k", moe.top_k), ("hidden", moe.hidden), ("dtype", dtype)),
+            "weighted sum of each token's expert outputs, in a fixed order.",
+            (("hidden", "hidden_size"),),
+        ),
+    ]
 
 
 def derive_manifest(
@@ -602,7 +656,7 @@ def derive_manifest(
     if model.qk_heads is not None:
         parts.append("Q/K head norms")
     if moe is not None:
-        parts.append("MoE facts in comments")
+        parts.append("MoE dispatch and combine")
     description = f"{architecture}, {dtype}, tp {tp}: " + ", ".join(parts)
 
     derived = DerivedManifest(
