@@ -181,7 +181,7 @@ def test_param_layout_matches_driver(bundle):
             continue
         family = get_family(point["family"])
         config = family.make_config(**point["config"])
-        args = {a.name: a for a in family.args(config)}
+        args = {a.name: a for a in family.kernel_args(config)}  # call arguments + workspace
         for v in point["variants"]:
             for entry, kernel in zip(v["entries"], bundle.device_kernels(device, point["key"], v["name"])):
                 info = driver.function_param_info(kernel, entry)

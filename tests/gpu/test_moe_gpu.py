@@ -128,7 +128,8 @@ def test_combine_every_point_bitwise_repeatable(bundle, tokens):
         pos[::4, 0] = -1  # a copy on another rank
         w = torch.rand(tokens, c.top_k, generator=gen)
         out = torch.full((tokens, c.hidden), float("nan")).to(y.dtype)
-        expect = out.clone()
+        # unrounded float64 reference: the kernel rounds once to bf16 (half an ulp)
+        expect = torch.empty(tokens, c.hidden, dtype=torch.float64)
         family.reference(c, y, pos, w, expect)
         dev = [t.cuda() for t in (y, pos, w, out)]
         handle = bundle.kernel("moe_combine", **values)
