@@ -1,0 +1,175 @@
+"""MoE dispatch/combine on the CPU: configs, launch plans, references, and real compiles."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from rose_aot.archs import ARCHS
+from rose_aot.builder.compile import compile_point
+from rose_aot.errors import ArgumentError, ConfigError
+from rose_aot.kernels import get_family
+from rose_aot.kernels.moe_dispatch import DECODE_MAX_PAIRS_PER_SM
+
+DISPATCH = get_family("moe_dispatch")
+COMBINE = get_family("moe_combine")
+
+
+def qwen3_moe(**overrides):
+    return DISPATCH.make_config(**{"num_experts": 128, "top_k": 8, "hidden": 2048, **overrides})
+
+
+# --- configs ------------------------------------------------------------------------------------
+def test_local_experts_default_is_made_explicit_for_one_key():
+    assert qwen3_moe() == qwen3_moe(local_experts=128)
+    assert DISPATCH.key(qwen3_moe()) == DISPATCH.key(qwen3_moe(local_experts=128))
+    assert qwen3_moe(expert_start=96).local_experts == 32
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"expert_start": 120, "local_experts": 16}, "local_experts"),
+        ({"expert_start": 128}, "expert_start"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": 129}, "top_k"),
+        ({"hidden": 2049}, "hidden"),
+        ({"dtype": "float8_e4m3fn", "scale_group": 100}, "scale_group"),
+        ({"scale_group": 128}, "scale_group"),
+        ({"expert_alignment": 100}, "expert_alignment"),
+        ({"dtype": "float32"}, "dtype"),
+    ],
+)
+def test_bad_dispatch_configs_name_the_field(overrides, field):
+    with pytest.raises(ConfigError) as info:
+        qwen3_moe(**overrides)
+    assert info.value.field == field
+
+
+def test_float8_gets_a_scale_group_and_scale_tensors():
+    c = qwen3_moe(dtype="float8_e4m3fn")
+    assert c.scale_group == 128
+    names = [a.name for a in DISPATCH.args(c)]
+    assert names == ["x", "topk_ids", "x_scales", "out", "out_scales", "expert_offsets", "positions"]
+    scales = DISPATCH.args(c)[2]
+    assert scales.shape[1] == 2048 // 128 and scales.dtype == "float32"
+
+
+# --- launch plans -------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_decode_is_one_cooperative_launch_within_the_sm_count(arch):
+    a = ARCHS[arch]
+    c = qwen3_moe()
+    limit_tokens = a.sm_count * DECODE_MAX_PAIRS_PER_SM // c.top_k
+    for tokens in (1, 7, limit_tokens):
+        sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
+        (launch,) = DISPATCH.plan(c, a, sizes)
+        assert launch.variant == "decode" and launch.cooperative
+        assert 1 <= launch.grid[0] <= a.sm_count
+    sizes = {"tokens": limit_tokens + 1, "rows": DISPATCH.max_rows(c, limit_tokens + 1)}
+    route, copy = DISPATCH.plan(c, a, sizes)
+    assert (route.variant, route.cooperative) == ("prefill_route", True)
+    assert route.grid[0] <= a.sm_count
+    assert (copy.variant, copy.cooperative) == ("prefill_copy", False)
+    warps = copy.block[0] // 32
+    assert copy.grid[0] * warps >= (limit_tokens + 1) * c.top_k + DISPATCH.local(c)
+
+
+def test_the_switch_moves_with_the_target_sm_count():
+    c = qwen3_moe()
+    tokens = 140  # 1120 pairs: above 8 x 132, below 8 x 148
+    sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
+    assert len(DISPATCH.plan(c, ARCHS["sm_90a"], sizes)) == 2
+    assert len(DISPATCH.plan(c, ARCHS["sm_100a"], sizes)) == 1
+
+
+def test_forcing_a_variant_and_rejecting_unknown_names():
+    c = qwen3_moe()
+    sizes = {"tokens": 4, "rows": DISPATCH.max_rows(c, 4)}
+    assert [x.variant for x in DISPATCH.plan(c, ARCHS["sm_90a"], sizes, "prefill")] == [
+        "prefill_route",
+        "prefill_copy",
+    ]
+    with pytest.raises(ConfigError, match="unknown variant 'fast'"):
+        DISPATCH.plan(c, ARCHS["sm_90a"], sizes, "fast")
+
+
+def test_too_small_an_output_is_refused_with_the_numbers():
+    c = qwen3_moe(expert_alignment=128)
+    need = DISPATCH.max_rows(c, 10)
+    assert need == 10 * 8 + 128 * 127
+    with pytest.raises(ArgumentError, match=f"out has {need - 1} rows .* need up to {need}"):
+        DISPATCH.plan(c, ARCHS["sm_90a"], {"tokens": 10, "rows": need - 1})
+    assert DISPATCH.plan(c, ARCHS["sm_90a"], {"tokens": 0, "rows": 0}) == ()
+
+
+# --- references (the semantics the GPU suite holds the kernels to) -------------------------------
+def _dispatch_reference(c, ids, hidden=16):
+    tokens = ids.shape[0]
+    x = torch.arange(tokens * hidden, dtype=torch.float32).view(tokens, hidden).bfloat16()
+    rows = DISPATCH.max_rows(c, tokens)
+    out = torch.full((rows, hidden), float("nan")).bfloat16()
+    offsets = torch.empty(DISPATCH.local(c) + 1, dtype=torch.int32)
+    positions = torch.empty(tokens, c.top_k, dtype=torch.int32)
+    DISPATCH.reference(c, x, ids, out, offsets, positions)
+    return x, out, offsets, positions
+
+
+def test_reference_skips_out_of_range_and_other_ranks_experts_and_pads_with_zeros():
+    c = DISPATCH.make_config(
+        num_experts=8, top_k=2, hidden=16, expert_start=4, local_experts=4, expert_alignment=16
+    )
+    ids = torch.tensor([[4, 5], [0, 7], [-1, 4], [9, 6]], dtype=torch.int32)
+    x, out, offsets, positions = _dispatch_reference(c, ids)
+    assert positions.tolist() == [[0, 16], [-1, 48], [-1, 1], [-1, 32]]
+    assert offsets.tolist() == [0, 16, 32, 48, 64]  # experts 4..7, each padded to 16 rows
+    assert torch.equal(out[0], x[0]) and torch.equal(out[1], x[2]) and torch.equal(out[48], x[1])
+    assert (out[2:16].float() == 0).all() and (out[17:32].float() == 0).all()
+    assert out[64:].float().isnan().all()  # never written past the used rows
+
+
+def test_combine_reference_is_the_weighted_sum_in_order_and_ignores_missing_copies():
+    c = COMBINE.make_config(top_k=2, hidden=8)
+    y = torch.arange(24, dtype=torch.float32).view(3, 8).bfloat16()
+    positions = torch.tensor([[2, 0], [-1, 1], [7, 1]], dtype=torch.int32)  # 7: out of range
+    weights = torch.tensor([[0.5, 0.25], [1.0, 2.0], [3.0, 1.0]])
+    out = torch.empty(3, 8, dtype=torch.float64)
+    COMBINE.reference(c, y, positions, weights, out)
+    expect0 = 0.5 * y[2].double() + 0.25 * y[0].double()
+    assert torch.equal(out[0], expect0)
+    assert torch.equal(out[1], 2.0 * y[1].double())
+    assert torch.equal(out[2], y[1].double())
+
+
+# --- real compiles --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dispatch_ptx():
+    c = qwen3_moe()
+    return {v.name: v.ptx for v in compile_point("moe_dispatch", c, "sm_90a")}
+
+
+def test_decode_kernel_has_the_grid_barrier_and_shared_counters(dispatch_ptx):
+    ptx = dispatch_ptx["decode"]
+    assert re.search(r"atom\.global\.release(\.gpu)?\.add", ptx), "barrier arrival"
+    assert "ld.acquire.gpu.global.b32" in ptx, "barrier wait"
+    assert re.search(r"atom\.shared(\.cta)?\.add", ptx), "shared-memory counters"
+    assert "shfl.sync.up" in ptx, "prefix sum over experts"
+
+
+@pytest.mark.parametrize("variant", ["decode", "prefill_route", "prefill_copy"])
+def test_dispatch_kernels_use_no_local_memory_and_128_bit_row_copies(dispatch_ptx, variant):
+    ptx = dispatch_ptx[variant]
+    assert not re.search(r"\.local|ld\.local|st\.local", ptx)
+    if variant != "prefill_route":
+        assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_combine_compiles_with_128_bit_loads(arch):
+    variants = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), arch)
+    assert [v.name for v in variants] == ["decode", "prefill"]
+    for v in variants:
+        assert "ld.global.v4.b32" in v.ptx and "st.global.v4.b32" in v.ptx
+        assert not re.search(r"\.local", v.ptx)
