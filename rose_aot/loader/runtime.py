@@ -39,6 +39,7 @@ class KernelBundle:
         if index.get("kind") != BUNDLE_KIND:
             raise BundleError(f"{self.path}: not a rose-aot kernel bundle (kind {index.get('kind')!r})")
         self.index = index
+        self._blob_names = set(reader.blob_names())
         # (point key, arch) -> point record
         self._points: dict[tuple[str, str], dict] = {}
         for point in index.get("points", []):
@@ -98,7 +99,7 @@ class KernelBundle:
                     f"the bundle with the rose-aot version that serves it"
                 )
             for blob in (rec["cubin"], rec["ptx"]):
-                if blob not in reader_names(self.reader):
+                if blob not in self._blob_names:
                     raise BundleError(f"{self.path}: artifact {blob!r} is missing")
 
     # --- what the bundle has -------------------------------------------------------------------
@@ -253,14 +254,6 @@ class KernelBundle:
             "families": self.index.get("families", {}),
             "points": points,
         }
-
-
-def reader_names(reader: BundleReader) -> set[str]:
-    names = getattr(reader, "_rose_names", None)
-    if names is None:
-        names = set(reader.blob_names())
-        reader._rose_names = names
-    return names
 
 
 class KernelHandle:
