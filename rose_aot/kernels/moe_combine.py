@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..archs import Arch
 from ..errors import ConfigError
 from .base import KernelFamily, choice
-from .rms_norm import row_split
+from .rms_norm import row_plan, row_split
 from .spec import DTYPES, Dim, Launch, TensorArg, Variant
 from .tuning import RMS_NORM_DECODE_WARPS_PER_SM
 
@@ -79,18 +79,12 @@ class MoeCombine(KernelFamily):
 
     def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        tokens = sizes["tokens"]
-        if tokens == 0:
-            return ()
         decode, prefill = self.variants(c, arch)
-        if force is not None:
-            v = decode if force == "decode" else prefill
-        elif tokens * decode.constants["warps_per_row"] <= arch.sm_count * RMS_NORM_DECODE_WARPS_PER_SM:
-            v = decode
-        else:
-            v = prefill
-        rows = v.constants["rows_per_block"]
-        return (Launch(v.name, (-(-tokens // rows), 1, 1), v.block, v.smem),)
+        tokens = sizes["tokens"]
+        use_decode = (
+            tokens * decode.constants["warps_per_row"] <= arch.sm_count * RMS_NORM_DECODE_WARPS_PER_SM
+        )
+        return row_plan(decode, prefill, tokens, force, use_decode)
 
     def reference(self, c: MoeCombineConfig, y, positions, weights, out) -> None:
         import torch

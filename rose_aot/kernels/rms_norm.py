@@ -19,7 +19,7 @@ from .base import KernelFamily, choice
 from .spec import DTYPES, Dim, Launch, TensorArg, Variant
 from .tuning import RMS_NORM_DECODE_ROW_WARPS, RMS_NORM_DECODE_WARPS_PER_SM, prefill_warps
 
-__all__ = ["RmsNormConfig", "RmsNorm", "row_split"]
+__all__ = ["RmsNormConfig", "RmsNorm", "row_split", "row_plan"]
 
 _FLOATS = ("bfloat16", "float16", "float32")
 MAX_HIDDEN = 16384
@@ -64,6 +64,20 @@ def row_split(hidden: int, dtype: str, max_vecs: int) -> tuple[int, int]:
             return warps, per_thread
     warps = min(32, -(-vectors // (32 * max_vecs)))
     return warps, -(-vectors // (32 * warps))
+
+
+def row_plan(
+    decode: Variant, prefill: Variant, tokens: int, force: str | None, use_decode: bool
+) -> tuple[Launch, ...]:
+    """The one launch of a row-wise family: the forced variant, else the rule's choice; a grid
+    of blocks of `rows_per_block` rows covering every token."""
+    if tokens == 0:
+        return ()
+    if force is not None:
+        use_decode = force == "decode"
+    v = decode if use_decode else prefill
+    rows = v.constants["rows_per_block"]
+    return (Launch(v.name, (-(-tokens // rows), 1, 1), v.block, v.smem),)
 
 
 class RmsNorm(KernelFamily):
@@ -133,22 +147,14 @@ class RmsNorm(KernelFamily):
 
     def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        tokens = sizes["tokens"]
-        if tokens == 0:
-            return ()
         decode, prefill = self.variants(c, arch)
-        if force is not None:
-            v = decode if force == "decode" else prefill
-        elif (
-            decode.constants["warps_per_row"] <= RMS_NORM_DECODE_ROW_WARPS
-            or tokens * decode.constants["warps_per_row"]
-            <= arch.sm_count * RMS_NORM_DECODE_WARPS_PER_SM
-        ):
-            v = decode  # measured rule, see tuning.py
-        else:
-            v = prefill
-        rows = v.constants["rows_per_block"]
-        return (Launch(v.name, (-(-tokens // rows), 1, 1), v.block, v.smem),)
+        tokens = sizes["tokens"]
+        row_warps = decode.constants["warps_per_row"]
+        use_decode = (  # measured rule, see tuning.py
+            row_warps <= RMS_NORM_DECODE_ROW_WARPS
+            or tokens * row_warps <= arch.sm_count * RMS_NORM_DECODE_WARPS_PER_SM
+        )
+        return row_plan(decode, prefill, tokens, force, use_decode)
 
     def reference(self, c: RmsNormConfig, *tensors) -> None:
         import torch

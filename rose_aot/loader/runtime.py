@@ -279,6 +279,7 @@ class KernelHandle:
                 self._packers.setdefault(v.name, ParamPacker(kernel_args, v.params))
         self._names = tuple(a.name for a in args)
         self._workspaces: dict[tuple[int, int], list] = {}
+        self._workspace_ptrs: dict[tuple[int, int], list[int]] = {}
         # Where each runtime size of the plan is read from: (argument index, mode).
         self._size_sources = []
         for size in family.size_names:
@@ -377,10 +378,14 @@ class KernelHandle:
         stream = self._raw_stream(device)
         by_name = None
         if self._workspace_spec:
-            scratch = self.workspace(device, stream)
             if slow_dims is None:
-                ptrs = ptrs + [t.data_ptr() for t in scratch]
+                scratch_ptrs = self._workspace_ptrs.get((device, stream))
+                if scratch_ptrs is None:
+                    scratch_ptrs = [t.data_ptr() for t in self.workspace(device, stream)]
+                    self._workspace_ptrs[(device, stream)] = scratch_ptrs
+                ptrs = ptrs + scratch_ptrs
             else:
+                scratch = self.workspace(device, stream)
                 by_name = dict(zip(self._names, tensors))
                 by_name.update((a.name, t) for a, t in zip(self._workspace_spec, scratch))
         for kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative in launches:
