@@ -20,12 +20,16 @@ class Arch:
     capability: tuple[int, int]  # the device compute capability its cubin runs on
     sm_count: int  # SMs of the product the launch shapes are tuned for
     max_smem_per_block: int  # bytes of dynamic shared memory one block may opt in to
+    # Widest global load/store per thread: 128-bit on Hopper, 256-bit on Blackwell (the seed's
+    # Blackwell port widens the vector). Families use it where a row allows.
+    max_access_bytes: int = 16
 
 
-# sm_90a: H100/H200 SXM (132 SMs). sm_100a: B200 (148 SMs).
+# sm_90a: H100/H200 SXM (132 SMs). sm_100a: B200 (148 SMs). The SM count shapes launches only
+# where the builder needs one (checks, tests); the loader reads the real device's count.
 ARCHS: dict[str, Arch] = {
     "sm_90a": Arch("sm_90a", (9, 0), 132, 227 * 1024),
-    "sm_100a": Arch("sm_100a", (10, 0), 148, 227 * 1024),
+    "sm_100a": Arch("sm_100a", (10, 0), 148, 227 * 1024, max_access_bytes=32),
 }
 
 DEFAULT_ARCHS: tuple[str, ...] = ("sm_90a",)

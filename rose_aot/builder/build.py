@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,8 +26,8 @@ from typing import Any, Callable
 from ..archs import get_arch
 from ..bundle import BundleReader, write_bundle
 from ..errors import BuildError, BundleError, RoseAotError
-from ..kernels import config_json, get_family, point_key
-from ..kernels.spec import param_fields
+from ..kernels import config_json, get_family, kernel_source_digest, point_key
+from ..kernels.record import PointRecord
 from .ptx import ptx_header
 from .toolchain import cubin_elf_abi, toolchain_versions
 
@@ -44,7 +45,12 @@ __all__ = [
 ]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+_CACHE_KIND = "rose-aot cache entry"
+
+
+class CacheWarning(UserWarning):
+    """A cache entry did not match its key or its own record; it was ignored and rebuilt."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +67,22 @@ class WorkItem:
 @dataclass
 class ItemResult:
     item: WorkItem
-    variants: list[dict]  # see _variant_record; "ptx" and "cubin" hold the artifacts
+    record: PointRecord  # the checked launch facts, exactly as the bundle index will hold them
+    variants: list[dict]  # per variant, in record order: name, ptx, cubin, compile_seconds
     seconds: float
     cached: bool
+
+    def check_artifacts(self) -> None:
+        """Raise ValueError unless every variant's artifacts are the ones its record names
+        (sha256) and the cubin agrees with the record (entries, block, parameters)."""
+        if [v["name"] for v in self.variants] != [r.name for r in self.record.variants]:
+            raise ValueError("artifacts and record list different variants")
+        for art, rec in zip(self.variants, self.record.variants):
+            if hashlib.sha256(art["cubin"]).hexdigest() != rec.cubin_sha256:
+                raise ValueError(f"variant {rec.name}: the cubin is not the one its record names")
+            if hashlib.sha256(art["ptx"].encode()).hexdigest() != rec.ptx_sha256:
+                raise ValueError(f"variant {rec.name}: the PTX is not the one its record names")
+            rec.check_cubin(art["cubin"])
 
 
 @dataclass
@@ -148,7 +167,7 @@ class BuildPlan:
             records,
             items,
             toolchain,
-            {name: get_family(name).source_digest() for name in families},
+            {name: kernel_source_digest() for name in families},
         )
 
     def to_json(self) -> dict:
@@ -217,9 +236,12 @@ def _cache_key(item: WorkItem, toolchain: dict, source_digests: dict[str, str]) 
 
 
 class ArtifactCache:
-    """Compiled variants on disk, one small verified container file per cache key.
+    """Compiled points on disk, one small verified container file per cache key.
 
-    Entries are written atomically; a damaged entry counts as a miss and is rebuilt.
+    An entry holds its own key, the point's record and the artifacts. It is used only when the
+    key it names is the key asked for and its artifacts are the ones its record names (sha256,
+    and the cubin's entries, block and parameters); anything else is a miss (warned once) and
+    is rebuilt. Entries are written atomically.
     """
 
     def __init__(self, root: Path):
@@ -228,33 +250,57 @@ class ArtifactCache:
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.rosecache"
 
-    def get(self, key: str) -> list[dict] | None:
+    def get(self, key: str, item: WorkItem) -> ItemResult | None:
         path = self._path(key)
         if not path.is_file():
             return None
         try:
             reader = BundleReader.open(path)
-            variants = reader.index["variants"]
-            for v in variants:
-                v["ptx"] = reader.blob(f"{v['name']}.ptx").decode()
-                v["cubin"] = reader.blob(f"{v['name']}.cubin")
-            return variants
-        except (BundleError, KeyError, TypeError, UnicodeDecodeError):
+            index = reader.index
+            if index.get("kind") != _CACHE_KIND or index.get("cache_key") != key:
+                raise ValueError(f"it was written for key {str(index.get('cache_key'))[:16]}...")
+            record = PointRecord.from_json(index["record"])
+            variants = [
+                {
+                    "name": v["name"],
+                    "compile_seconds": v["compile_seconds"],
+                    "ptx": reader.blob(f"{v['name']}.ptx").decode("ascii"),
+                    "cubin": reader.blob(f"{v['name']}.cubin"),
+                }
+                for v in index["variants"]
+            ]
+            result = ItemResult(item, record, variants, 0.0, True)
+            result.check_artifacts()
+            return result
+        except (BundleError, KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            warnings.warn(
+                f"ignoring cache entry {path}: {exc}; compiling {item.key} for {item.arch} again",
+                CacheWarning,
+                stacklevel=2,
+            )
             return None
 
-    def put(self, key: str, variants: list[dict]) -> None:
+    def put(self, key: str, result: ItemResult) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        meta = [{k: v for k, v in var.items() if k not in ("ptx", "cubin")} for var in variants]
+        index = {
+            "kind": _CACHE_KIND,
+            "cache_key": key,
+            "record": result.record.to_json(),
+            "variants": [
+                {"name": v["name"], "compile_seconds": v["compile_seconds"]} for v in result.variants
+            ],
+        }
         blobs = {}
-        for v in variants:
+        for v in result.variants:
             blobs[f"{v['name']}.ptx"] = v["ptx"].encode()
             blobs[f"{v['name']}.cubin"] = v["cubin"]
-        write_bundle(path, {"variants": meta}, blobs)
+        write_bundle(path, index, blobs)
 
 
-def _compile_task(item: WorkItem) -> tuple[list[dict], float]:
-    """Worker entry point. Any failure becomes a BuildError that names the point."""
+def _compile_task(item: WorkItem) -> tuple[dict, list[dict], float]:
+    """Worker entry point: (record JSON, artifacts per variant, seconds). Any failure becomes a
+    BuildError that names the point."""
     from .compile import compile_point
 
     start = time.perf_counter()
@@ -267,48 +313,35 @@ def _compile_task(item: WorkItem) -> tuple[list[dict], float]:
     except Exception as exc:  # the DSL raises many types; keep its message
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         raise BuildError(item.key, item.arch, detail) from None
-    return [
+    variants = [
         {
-            "name": c.name,
-            "entries": c.entries,
-            "param_sizes": c.param_sizes,
-            "ptx": c.ptx,
-            "cubin": c.cubin,
-            "compile_seconds": round(c.seconds, 3),
+            "name": v.name,
+            "ptx": compiled.artifacts[v.name][0],
+            "cubin": compiled.artifacts[v.name][1],
+            "compile_seconds": round(compiled.seconds[v.name], 3),
         }
-        for c in compiled
-    ], time.perf_counter() - start
+        for v in compiled.record.variants
+    ]
+    return compiled.record.to_json(), variants, time.perf_counter() - start
 
 
 ProgressFn = Callable[[int, int, ItemResult], None]
 
 
-def _run_pool(items: list[WorkItem], jobs: int, on_done: Callable[[WorkItem, list, float], None]):
+def _run_pool(
+    items: list[WorkItem], jobs: int, on_done: Callable[[WorkItem, PointRecord, list, float], None]
+):
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(items))), mp_context=ctx) as pool:
         futures = {pool.submit(_compile_task, item): item for item in items}
         try:
             for fut in cf.as_completed(futures):
-                variants, seconds = fut.result()
-                on_done(futures[fut], variants, seconds)
+                record, variants, seconds = fut.result()
+                on_done(futures[fut], PointRecord.from_json(record), variants, seconds)
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
-
-
-def _variant_record(family, item: WorkItem, variant_spec, compiled: dict) -> dict:
-    args = {a.name: a for a in family.kernel_args(item.config)}
-    return {
-        "name": variant_spec.name,
-        "entries": list(compiled["entries"]),
-        "block": list(variant_spec.block),
-        "smem": variant_spec.smem,
-        "params": list(variant_spec.params),
-        "param_sizes": compiled["param_sizes"],
-        "param_layouts": [[f.to_json() for f in param_fields(args[p])] for p in variant_spec.params],
-        "constants": dict(sorted(variant_spec.constants.items())),
-    }
 
 
 def compile_items(
@@ -324,25 +357,26 @@ def compile_items(
     results: dict[WorkItem, ItemResult] = {}
     done = 0
 
-    def record(item, variants, seconds, cached):
+    def finish(result: ItemResult):
         nonlocal done
         done += 1
-        results[item] = ItemResult(item, variants, seconds, cached)
+        results[result.item] = result
         if progress:
-            progress(done, len(items), results[item])
+            progress(done, len(items), result)
 
     misses = []
     for item in items:
-        hit = cache.get(plan.cache_key(item)) if cache else None
+        hit = cache.get(plan.cache_key(item), item) if cache else None
         if hit is not None:
-            record(item, hit, 0.0, True)
+            finish(hit)
         else:
             misses.append(item)
 
-    def compiled(item, variants, seconds):
+    def compiled(item, record, variants, seconds):
+        result = ItemResult(item, record, variants, seconds, False)
         if cache:
-            cache.put(plan.cache_key(item), variants)
-        record(item, variants, seconds, False)
+            cache.put(plan.cache_key(item), result)
+        finish(result)
 
     if misses:
         _run_pool(misses, jobs, compiled)
@@ -386,11 +420,9 @@ def _assemble(plan: BuildPlan, results: dict[WorkItem, ItemResult]):
     headers = set()
     elf_abis = {}
     for item in plan.items:
-        family = get_family(item.family)
-        specs = {v.name: v for v in family.variants(item.config, get_arch(item.arch))}
-        variants = []
-        for compiled in results[item].variants:
-            record = _variant_record(family, item, specs[compiled["name"]], compiled)
+        result = results[item]
+        point = result.record.to_json()
+        for record, compiled in zip(point["variants"], result.variants):
             base = artifact_base(item, compiled["name"])
             record["cubin"] = base + ".cubin"
             record["ptx"] = base + ".ptx"
@@ -399,14 +431,13 @@ def _assemble(plan: BuildPlan, results: dict[WorkItem, ItemResult]):
             h = ptx_header(compiled["ptx"])
             headers.add((h["ptx_isa"], h["compiler"]))
             elf_abis[item.arch] = cubin_elf_abi(compiled["cubin"])
-            variants.append(record)
         points.append(
             {
                 "key": item.key,
                 "family": item.family,
                 "config": config_json(item.config),
                 "arch": item.arch,
-                "variants": variants,
+                **point,
             }
         )
     (ptx_isa, compiler), *others = sorted(headers, key=str)

@@ -1,35 +1,38 @@
-"""Compiling one kernel point for one arch with CuTeDSL. Runs in builder worker processes.
+"""Compiling one kernel point for one arch with CuTeDSL, and building its record. Runs in builder
+worker processes.
 
 The DSL is imported lazily inside the worker so that the parent process (and anything that
-imports the builder's planning code) stays light.
+imports the builder's planning code) stays light. The record is checked against the PTX and the
+cubin here, once; everything downstream uses it as is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import tempfile
 import time
 from dataclasses import dataclass
 
 from ..archs import Arch, get_arch
+from ..bundle.cubin import read_cubin
 from ..kernels import get_family
-from ..kernels.spec import Dim, TensorArg, param_size
+from ..kernels.record import PointRecord, VariantRecord
+from ..kernels.spec import Dim, ScalarArg, TensorArg
 from .ptx import parse_entries
 
-__all__ = ["CompiledVariant", "compile_point"]
+__all__ = ["CompiledPoint", "compile_point", "check_variant"]
 
 
 @dataclass
-class CompiledVariant:
-    name: str
-    entries: list[str]  # kernel entry names in launch order
-    ptx: str
-    cubin: bytes
-    param_sizes: list[list[int]]  # per entry, from the PTX
-    seconds: float
+class CompiledPoint:
+    record: PointRecord
+    artifacts: dict[str, tuple[str, bytes]]  # variant -> (ptx, cubin)
+    seconds: dict[str, float]  # variant -> compile seconds
 
 
 def _fake_args(args, variant):
+    import cutlass
     import cutlass.cute as cute
 
     from ..kernels.device_utils import cutlass_dtype
@@ -43,12 +46,15 @@ def _fake_args(args, variant):
             return syms[v.name]
         return v
 
+    scalars = {"int32": cutlass.Int32, "uint32": cutlass.Uint32, "int64": cutlass.Int64,
+               "float32": cutlass.Float32, "float64": cutlass.Float64}
     by_name = {a.name: a for a in args}
     fakes = []
     for name in variant.params:
         a = by_name[name]
-        if not isinstance(a, TensorArg):
-            raise NotImplementedError(f"scalar kernel arguments are not supported yet ({name})")
+        if isinstance(a, ScalarArg):
+            fakes.append(scalars[a.dtype](0))
+            continue
         fakes.append(
             cute.runtime.make_fake_tensor(
                 cutlass_dtype(a.dtype),
@@ -60,8 +66,50 @@ def _fake_args(args, variant):
     return fakes
 
 
-def compile_point(family_name: str, config, arch: Arch | str) -> list[CompiledVariant]:
-    """Compile every variant of (family, config) for `arch`; checks the ABI against the PTX.
+def check_variant(record: VariantRecord, ptx: str, cubin: bytes, arch: Arch) -> None:
+    """Raise RuntimeError unless the record agrees with what the compiler produced: entry
+    names, block size (.reqntid/.maxntid), parameter count, order, sizes and alignments, and
+    shared memory (dynamic use declared iff the record passes some; static + dynamic within
+    the arch's limit)."""
+    entries = {e.name: e for e in parse_entries(ptx)}
+    if not record.entries:
+        raise RuntimeError("the compiled function has no kernel entry")
+    sizes = [p.size for p in record.params]
+    aligns = [p.align for p in record.params]
+    for name in record.entries:
+        e = entries.get(name)
+        if e is None:
+            raise RuntimeError(f"kernel entry {name} is not in the PTX")
+        if list(e.param_sizes) != sizes or list(e.param_aligns) != aligns:
+            raise RuntimeError(
+                f"parameter ABI mismatch in {name}: the PTX declares sizes {list(e.param_sizes)} "
+                f"aligned {list(e.param_aligns)}, the record packs {sizes} aligned {aligns}; the "
+                f"argument spec of the family is out of date"
+            )
+        for what, dims in (("reqntid", e.reqntid), ("maxntid", e.maxntid)):
+            if dims is not None and tuple(dims) != record.block:
+                raise RuntimeError(
+                    f"{name} was compiled for .{what} {dims} but its variant launches {record.block}"
+                )
+        if e.dynamic_smem != (record.smem > 0):
+            raise RuntimeError(
+                f"{name} {'uses' if e.dynamic_smem else 'does not use'} dynamic shared memory but "
+                f"its variant passes {record.smem} bytes"
+            )
+    try:
+        record.check_cubin(cubin)
+    except ValueError as exc:
+        raise RuntimeError(f"the cubin does not match its record: {exc}") from None
+    for name, facts in read_cubin(cubin).items():
+        if facts.static_smem + record.smem > arch.max_smem_per_block:
+            raise RuntimeError(
+                f"{name} needs {facts.static_smem} + {record.smem} bytes of shared memory; "
+                f"{arch.name} allows {arch.max_smem_per_block}"
+            )
+
+
+def compile_point(family_name: str, config, arch: Arch | str) -> CompiledPoint:
+    """Compile every variant of (family, config) for `arch` and build the checked record.
 
     Raises whatever the DSL raises; the caller turns it into a BuildError naming the point.
     """
@@ -71,12 +119,14 @@ def compile_point(family_name: str, config, arch: Arch | str) -> list[CompiledVa
     arch = get_arch(arch) if isinstance(arch, str) else arch
     family = get_family(family_name)
     device = importlib.import_module(family.device_module)
-    args = family.kernel_args(config)
-    results = []
+    call_args = family.args(config, arch)
+    workspace = family.workspace(config, arch)
+    args = {a.name: a for a in (*call_args, *workspace)}
+    records, artifacts, seconds = [], {}, {}
     for variant in family.variants(config, arch):
         start = time.perf_counter()
         fn = device.host_function(config, variant, arch)
-        fakes = _fake_args(args, variant)
+        fakes = _fake_args(args.values(), variant)
         with tempfile.TemporaryDirectory(prefix="rose-aot-") as dump:
             compiled = cute.compile(
                 fn,
@@ -90,32 +140,32 @@ def compile_point(family_name: str, config, arch: Arch | str) -> list[CompiledVa
             ptx = compiled.__ptx__
             cubin = bytes(compiled.__cubin__)
         names = list(compiled.kernel_info.keys())
-        entries = {e.name: e for e in parse_entries(ptx)}
-        missing = [n for n in names if n not in entries]
-        if missing or not names:
-            raise RuntimeError(f"kernel entries {missing or names} not found in the PTX")
-        by_name = {a.name: a for a in args}
-        expected = [param_size(by_name[p]) for p in variant.params]
-        for n in names:
-            got = list(entries[n].param_sizes)
-            if got != expected:
-                raise RuntimeError(
-                    f"parameter ABI mismatch in {n}: the PTX declares sizes {got}, the argument "
-                    f"spec packs {expected}; the spec in {family.name} is out of date"
-                )
-            req = entries[n].reqntid
-            if req is not None and tuple(req) != tuple(variant.block):
-                raise RuntimeError(
-                    f"{n} was compiled for block {req} but the launch plan uses {variant.block}"
-                )
-        results.append(
-            CompiledVariant(
-                variant.name,
-                names,
-                ptx,
-                cubin,
-                [list(entries[n].param_sizes) for n in names],
-                time.perf_counter() - start,
-            )
+        facts = read_cubin(cubin)
+        resources = {
+            n: {
+                "registers": facts[n].registers,
+                "static_smem": facts[n].static_smem,
+                "param_bytes": facts[n].param_bytes,
+            }
+            for n in names
+            if n in facts
+        }
+        record = VariantRecord.build(
+            variant,
+            args,
+            names,
+            resources,
+            hashlib.sha256(cubin).hexdigest(),
+            hashlib.sha256(ptx.encode()).hexdigest(),
         )
-    return results
+        check_variant(record, ptx, cubin, arch)
+        records.append(record)
+        artifacts[variant.name] = (ptx, cubin)
+        seconds[variant.name] = time.perf_counter() - start
+    point = PointRecord(tuple(call_args), tuple(workspace), tuple(records))
+    # The plan must run on the record it will get at launch, for every branch of the plan.
+    for sizes in family.sample_sizes(config):
+        for launch in family.plan(config, point.by_name, sizes, arch.sm_count):
+            if launch.variant not in point.by_name:
+                raise RuntimeError(f"the plan launches unknown variant {launch.variant!r}")
+    return CompiledPoint(point, artifacts, seconds)

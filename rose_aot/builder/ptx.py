@@ -11,6 +11,8 @@ _ENTRY = re.compile(r"\.visible\s+\.entry\s+([A-Za-z_$][\w$]*)\s*\((.*?)\)", re.
 _PARAM_BYTES = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.b8\s+[\w$]+\[(\d+)\]")
 _PARAM_SCALAR = re.compile(r"\.param\s+\.([usbf])(8|16|32|64)\s+[\w$]+")
 _REQNTID = re.compile(r"\.reqntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+_MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+_EXTERN_SHARED = re.compile(r"^\.extern\s+\.shared\b", re.M)
 
 
 @dataclass(frozen=True)
@@ -19,11 +21,14 @@ class PtxEntry:
     param_sizes: tuple[int, ...]
     param_aligns: tuple[int, ...]
     reqntid: tuple[int, int, int] | None  # static block size the kernel was compiled for
+    maxntid: tuple[int, int, int] | None
+    dynamic_smem: bool  # the module declares extern (dynamic) shared memory
 
 
 def parse_entries(ptx: str) -> list[PtxEntry]:
     """Every `.visible .entry` in order of appearance, with its parameters' sizes."""
     entries = []
+    dynamic_smem = bool(_EXTERN_SHARED.search(ptx))
     matches = list(_ENTRY.finditer(ptx))
     for i, m in enumerate(matches):
         sizes, aligns = [], []
@@ -42,10 +47,15 @@ def parse_entries(ptx: str) -> list[PtxEntry]:
                 raise ValueError(f"unrecognised PTX parameter declaration: {p!r}")
         end = matches[i + 1].start() if i + 1 < len(matches) else len(ptx)
         body_head = ptx[m.end() : min(end, m.end() + 400)]
-        reqntid = None
-        if mr := _REQNTID.search(body_head.split("{", 1)[0]):
+        directives = body_head.split("{", 1)[0]
+        reqntid = maxntid = None
+        if mr := _REQNTID.search(directives):
             reqntid = tuple(int(g or 1) for g in mr.groups())
-        entries.append(PtxEntry(m.group(1), tuple(sizes), tuple(aligns), reqntid))
+        if mm := _MAXNTID.search(directives):
+            maxntid = tuple(int(g or 1) for g in mm.groups())
+        entries.append(
+            PtxEntry(m.group(1), tuple(sizes), tuple(aligns), reqntid, maxntid, dynamic_smem)
+        )
     return entries
 
 

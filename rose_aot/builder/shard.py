@@ -6,9 +6,9 @@ blobs) whose index says ``"kind": "rose-aot build shard"`` and holds:
 - ``shard``: ``{"index": I, "count": N}`` (1-based);
 - ``plan``: the whole :class:`BuildPlan` as JSON (manifests, every item of the unsharded build,
   toolchain, kernel source digests) and ``plan_digest``, its sha256;
-- ``results``: one record per item of this shard (its variants' entry names and parameter
-  sizes from the PTX, compile seconds, cached or not); the blobs are the artifacts, named as in
-  a bundle (``<key>@<arch>/<variant>.cubin`` / ``.ptx``).
+- ``results``: one entry per item of this shard (its kernel record, compile seconds per variant,
+  cached or not); the blobs are the artifacts, named as in a bundle
+  (``<key>@<arch>/<variant>.cubin`` / ``.ptx``) and checked against the record on reading.
 
 Shard I of N holds items ``I-1, I-1+N, I-1+2N, ...`` of the plan's sorted items. The merge checks
 that every shard carries the same plan, that shards 1..N are each given exactly once and hold
@@ -28,6 +28,7 @@ from pathlib import Path
 from ..bundle import BundleReader, write_bundle
 from ..errors import BundleError, ConfigError, ShardError
 from ..kernels import get_family
+from ..kernels.record import PointRecord
 from .build import (
     BUNDLE_KIND,
     ArtifactCache,
@@ -119,15 +120,14 @@ def build_shard(
             base = artifact_base(item, v["name"])
             blobs[base + ".cubin"] = v["cubin"]
             blobs[base + ".ptx"] = v["ptx"].encode()
-            variants.append(
-                {k: v[k] for k in ("name", "entries", "param_sizes", "compile_seconds")}
-            )
+            variants.append({k: v[k] for k in ("name", "compile_seconds")})
         records.append(
             {
                 "key": item.key,
                 "arch": item.arch,
                 "seconds": round(result.seconds, 3),
                 "cached": result.cached,
+                "record": result.record.to_json(),
                 "variants": variants,
             }
         )
@@ -193,16 +193,20 @@ def read_shard(path) -> Shard:
                 variants.append(
                     {
                         "name": v["name"],
-                        "entries": list(v["entries"]),
-                        "param_sizes": v["param_sizes"],
                         "compile_seconds": v["compile_seconds"],
                         "ptx": reader.blob(base + ".ptx").decode("ascii"),
                         "cubin": reader.blob(base + ".cubin"),
                     }
                 )
-            results[item] = ItemResult(
-                item, variants, float(record["seconds"]), bool(record["cached"])
+            result = ItemResult(
+                item,
+                PointRecord.from_json(record["record"]),
+                variants,
+                float(record["seconds"]),
+                bool(record["cached"]),
             )
+            result.check_artifacts()
+            results[item] = result
     except (KeyError, TypeError, ValueError, ConfigError, BundleError) as exc:
         raise ShardError(
             f"{path}: damaged or unreadable build shard ({_reason(exc)}); build it again with "

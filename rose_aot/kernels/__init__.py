@@ -1,23 +1,43 @@
-"""Kernel families. Importing this package never imports cutlass: device code lives in the
-``*_device`` modules, which only the builder and tests load."""
+"""Kernel families: one folder each (config + plan, device code, reference, tuning, manifest
+derivation), registered below in one line. Importing this package never imports cutlass:
+device code lives in each family's ``device`` module, which only the builder and tests load."""
 
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .base import KernelFamily, config_digest, config_json, point_key
+from .base import KernelFamily, config_digest, config_json, kernel_source_digest, point_key
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
 from .qk_norm import QkNorm
 from .rms_norm import RmsNorm
 
-__all__ = ["FAMILIES", "get_family", "KernelFamily", "point_key", "config_json", "config_digest"]
+__all__ = [
+    "FAMILIES",
+    "get_family",
+    "KernelFamily",
+    "point_key",
+    "config_json",
+    "config_digest",
+    "kernel_source_digest",
+]
 
+# The registry: adding a family is its folder plus one line here.
 FAMILIES: dict[str, KernelFamily] = {
-    f.name: f for f in (RmsNorm(), QkNorm(), MoeDispatch(), MoeCombine())
+    f.name: f
+    for f in (
+        RmsNorm(),
+        QkNorm(),
+        MoeDispatch(),
+        MoeCombine(),
+    )
 }
 
 
 def get_family(name: str) -> KernelFamily:
+    if not isinstance(name, str):
+        raise ConfigError(
+            repr(name), "family", f"a family name must be a string, got {type(name).__name__}"
+        )
     try:
         return FAMILIES[name]
     except KeyError:

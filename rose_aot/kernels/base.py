@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
+import importlib
 import json
 import math
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..archs import Arch
 from ..errors import ConfigError
 from .spec import Arg, Launch, Variant
 
-__all__ = ["KernelFamily", "choice", "point_key", "config_json", "config_digest"]
+__all__ = [
+    "KernelFamily",
+    "choice",
+    "point_key",
+    "config_json",
+    "config_digest",
+    "kernel_source_files",
+    "kernel_source_digest",
+]
 
 
 def choice(*values, default=dataclasses.MISSING, doc: str = ""):
@@ -56,7 +65,9 @@ class KernelFamily:
 
     name: ClassVar[str]
     Config: ClassVar[type]
-    device_module: ClassVar[str]  # dotted module with `host_function(config, variant, arch)`
+    # Dotted module with `host_function(config, variant, arch)`; default: the family folder's
+    # ``device`` module.
+    device_module: ClassVar[str] = ""
     size_names: ClassVar[tuple[str, ...]] = ("tokens",)  # runtime sizes the plan depends on
     plan_choices: ClassVar[tuple[str, ...]] = ("decode", "prefill")  # names `force` accepts
     # Config fields that make a point's "shape" (tensor extents): `rose-aot diff` reports two
@@ -121,31 +132,48 @@ class KernelFamily:
         return point_key(self.name, config)
 
     # --- interface ----------------------------------------------------------------------------
-    def args(self, config: Any) -> tuple[Arg, ...]:
-        """The call arguments, in the order the kernel handle takes them."""
+    def args(self, config: Any, arch: Arch) -> tuple[Arg, ...]:
+        """The call arguments, in the order the kernel handle takes them. Alignment and stride
+        divisibility may depend on the arch's access width."""
         raise NotImplementedError
 
-    def workspace(self, config: Any) -> tuple[Arg, ...]:
-        """Scratch tensors the kernels need (counters, barrier words), with static shapes.
+    def workspace(self, config: Any, arch: Arch) -> tuple[Arg, ...]:
+        """Scratch tensors the kernels need (counters, barrier words), with static shapes and
+        role "workspace".
 
         The loader owns one zero-initialised set per device and stream; the kernels must leave
         them as they found them (zero, or a self-resetting barrier word)."""
         return ()
 
-    def kernel_args(self, config: Any) -> tuple[Arg, ...]:
+    def kernel_args(self, config: Any, arch: Arch) -> tuple[Arg, ...]:
         """Every argument a variant's `params` may name: call arguments, then workspace."""
-        return tuple(self.args(config)) + tuple(self.workspace(config))
+        return tuple(self.args(config, arch)) + tuple(self.workspace(config, arch))
 
     def variants(self, config: Any, arch: Arch) -> tuple[Variant, ...]:
-        """The compile units of this point for this arch."""
+        """The compile units of this point for this arch: the one place where block, shared
+        memory, launch attributes and compile-time constants are decided."""
         raise NotImplementedError
 
     def plan(
-        self, config: Any, arch: Arch, sizes: dict[str, int], force: str | None = None
+        self,
+        config: Any,
+        variants: Mapping[str, Any],
+        sizes: dict[str, int],
+        sm_count: int,
+        force: str | None = None,
     ) -> tuple[Launch, ...]:
-        """The launches for these runtime sizes. `force` picks a plan by name (tests, benchmarks);
+        """The launches for these runtime sizes on a device with `sm_count` SMs.
+
+        `variants` maps each variant name to its record (or its :class:`Variant`, which has the
+        same attributes): the plan reads block sizes and constants from there and decides only
+        what depends on the sizes. `force` picks a plan by name (tests, benchmarks);
         implementations call `check_force` first."""
         raise NotImplementedError
+
+    def sample_sizes(self, config: Any) -> list[dict[str, int]]:
+        """Runtime sizes covering every branch of the plan, for checks that a plan understands
+        a record (the loader at open, the builder, the conformance suite)."""
+        return [{"tokens": t} for t in (1, 7, 1024, 65536)]
 
     def check_force(self, force: str | None) -> None:
         if force is not None and force not in self.plan_choices:
@@ -156,23 +184,35 @@ class KernelFamily:
             )
 
     def reference(self, config: Any, *tensors) -> None:
-        """Float64 torch reference: performs the kernel's writes on the given (CPU) tensors."""
-        raise NotImplementedError
+        """Float64 torch reference: performs the kernel's writes on the given (CPU) tensors.
+        Lives in the family's ``reference`` module."""
+        module = importlib.import_module(type(self).__module__.rsplit(".", 1)[0] + ".reference")
+        module.reference(config, *tensors)
 
     # --- provenance ---------------------------------------------------------------------------
     def source_files(self) -> list[Path]:
-        """Files whose content determines the generated code (without importing them)."""
-        files = []
-        for module in (type(self).__module__, self.device_module, "rose_aot.kernels.device_utils"):
-            spec = importlib.util.find_spec(module)
-            if spec is None or spec.origin is None:
-                raise RuntimeError(f"cannot locate module {module}")
-            files.append(Path(spec.origin))
-        files.append(Path(__file__).with_name("spec.py"))
-        return files
+        """Files whose content can change generated code or launch facts: the whole kernels
+        package (every family, the shared helpers, the ABI, tuning data), the arch table and
+        the code that builds records.
+        Deliberately coarse: a cache key that misses one file ships a stale kernel."""
+        return kernel_source_files()
 
     def source_digest(self) -> str:
-        h = hashlib.sha256()
-        for path in self.source_files():
-            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        return h.hexdigest()
+        return kernel_source_digest()
+
+
+def kernel_source_files() -> list[Path]:
+    package = Path(__file__).resolve().parent
+    files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+    root = package.parent
+    # The arch table shapes code; the compile worker and the cubin reader shape the record.
+    return files + [root / "archs.py", root / "builder" / "compile.py", root / "bundle" / "cubin.py"]
+
+
+def kernel_source_digest() -> str:
+    """sha256 over the relative path and bytes of every file of :func:`kernel_source_files`."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in kernel_source_files():
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 
-__all__ = ["CUTLASS_DTYPES", "cutlass_dtype", "butterfly_sum", "grid_barrier", "block_exclusive_sum"]
+__all__ = [
+    "CUTLASS_DTYPES",
+    "cutlass_dtype",
+    "SharedMemory",
+    "butterfly_sum",
+    "grid_barrier",
+    "block_exclusive_sum",
+]
 
 CUTLASS_DTYPES = {
     "bfloat16": cutlass.BFloat16,
     "float16": cutlass.Float16,
     "float32": cutlass.Float32,
     "float8_e4m3fn": cutlass.Float8E4M3FN,
+    "float8_e5m2": cutlass.Float8E5M2,
+    "uint8": cutlass.Uint8,
     "int32": cutlass.Int32,
     "int64": cutlass.Int64,
 }
@@ -21,6 +31,36 @@ CUTLASS_DTYPES = {
 
 def cutlass_dtype(name: str):
     return CUTLASS_DTYPES[name]
+
+
+class SharedMemory:
+    """Dynamic shared memory of one kernel, checked against the variant's recorded size.
+
+    The launch passes the record's `smem` bytes; a kernel that allocates more would read and
+    write past its allocation. Every allocation goes through here, is laid out the way
+    SmemAllocator lays it out (sequential, aligned), and fails the compile when the total
+    exceeds the record. Create it inside the kernel body (it emits the allocator).
+    """
+
+    def __init__(self, budget: int, what: str):
+        self.allocator = cutlass.memory.SmemAllocator()
+        self.budget = budget
+        self.used = 0
+        self.what = what
+
+    def tensor(self, dtype, shape, byte_alignment: int = 16):
+        count = 1
+        for extent in shape if isinstance(shape, tuple) else (shape,):
+            count *= extent
+        self.used = -(-self.used // byte_alignment) * byte_alignment + count * dtype.width // 8
+        if self.used > self.budget:
+            raise ValueError(
+                f"{self.what}: the kernel allocates {self.used} bytes of shared memory but its "
+                f"variant records {self.budget}; fix the variant's smem in the family module"
+            )
+        return self.allocator.allocate_tensor(
+            dtype, cute.make_layout(shape), byte_alignment=byte_alignment
+        )
 
 
 @cute.jit

@@ -1,13 +1,14 @@
-"""Plain-Python description of a kernel's interface: arguments, parameter ABI, variants, launches.
+"""The kernel argument ABI, in plain Python: dtypes, arguments, parameter layouts, variants, launches.
 
-This module is shared by the builder (which turns argument specs into fake tensors for the DSL)
-and the loader (which turns them into packed parameter buffers and argument checks). It must
-never import cutlass.
+Shared by the builder (argument specs become fake tensors for the DSL; variants become compile
+units and records) and the loader (records become argument checks and packed parameter buffers).
+It must never import cutlass.
 
-Parameter ABI of a CuTeDSL kernel (verified on the H200 with cuKernelGetParamInfo): each runtime
+Parameter ABI of a CuTeDSL kernel (verified on the H200 with cuFuncGetParamInfo): each runtime
 argument is one parameter passed by value. A tensor is the C struct
 ``{T* data; dynamic extents in mode order; dynamic strides in mode order}`` with natural C
-alignment and its size rounded up to 8; static extents and strides are not stored.
+alignment and its size rounded up to 8; static extents and strides are not stored. A scalar is
+its C type.
 """
 
 from __future__ import annotations
@@ -16,29 +17,82 @@ import struct
 from dataclasses import dataclass, field
 
 __all__ = [
+    "DType",
     "DTYPES",
+    "get_dtype",
+    "ROLES",
+    "SCALE_LAYOUTS",
     "Dim",
     "TensorArg",
     "ScalarArg",
     "Arg",
+    "arg_from_json",
     "ParamField",
     "param_fields",
     "param_size",
+    "param_align",
     "Variant",
     "Launch",
 ]
 
-# name -> (bytes per element, torch attribute name). The names are the manifest spellings.
-DTYPES: dict[str, tuple[int, str]] = {
-    "bfloat16": (2, "bfloat16"),
-    "float16": (2, "float16"),
-    "float32": (4, "float32"),
-    "float8_e4m3fn": (1, "float8_e4m3fn"),
-    "int32": (4, "int32"),
-    "int64": (8, "int64"),
+
+@dataclass(frozen=True)
+class DType:
+    """An element type. `bits` is the width of one stored unit; `per_unit` values share it
+    (2 for packed e2m1: one byte holds two 4-bit values)."""
+
+    name: str  # manifest spelling; equal to the torch attribute name
+    bits: int
+    kind: str  # "float" | "int" | "scale" (exponent-only scale factors)
+    per_unit: int = 1
+
+    @property
+    def bytes(self) -> int:
+        return self.bits // 8
+
+    def elements_per_access(self, access_bytes: int) -> int:
+        """Stored units per vector access of `access_bytes`."""
+        return access_bytes * 8 // self.bits
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("bfloat16", 16, "float"),
+        DType("float16", 16, "float"),
+        DType("float32", 32, "float"),
+        DType("float8_e4m3fn", 8, "float"),
+        DType("float8_e5m2", 8, "float"),
+        DType("float8_e8m0fnu", 8, "scale"),  # e8m0 / ue8m0: a power of two, no sign
+        DType("float4_e2m1fn_x2", 8, "float", per_unit=2),
+        DType("uint8", 8, "int"),
+        DType("int32", 32, "int"),
+        DType("int64", 64, "int"),
+    )
 }
 
-# scalar dtype -> (struct format, C size)
+
+def get_dtype(name: str) -> DType:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+
+
+# What a kernel does with an argument. "workspace" arguments are owned by the loader (zeroed
+# once per device and stream; kernels leave them as they found them).
+ROLES = ("input", "output", "inout", "workspace")
+
+# Named layouts of scale-factor tensors; a TensorArg's `layout` documents which one its
+# shape/stride encode (the shape and stride stay the ABI).
+SCALE_LAYOUTS = {
+    "row_major": "[tokens, groups], groups contiguous",
+    "col_major_tma": "[groups, tokens padded to 4], tokens contiguous (TMA-aligned, DeepGEMM)",
+    "swizzled_128x4": "rows padded to 128, scale columns to 4, 512-byte atoms of 32x4x4 "
+    "(CUTLASS/cuBLAS block-scaled GEMMs)",
+}
+
+# scalar dtype -> struct format
 _SCALAR_FORMATS: dict[str, str] = {
     "int32": "i",
     "uint32": "I",
@@ -60,6 +114,9 @@ class Dim:
         if self.width not in (32, 64):
             raise ValueError(f"Dim {self.name}: width must be 32 or 64 (got {self.width})")
 
+    def to_json(self) -> list:
+        return [self.name, self.width, self.divisibility]
+
 
 @dataclass(frozen=True)
 class TensorArg:
@@ -68,26 +125,85 @@ class TensorArg:
     shape: tuple[int | Dim, ...]
     stride: tuple[int | Dim, ...]
     align: int = 16  # bytes the data pointer is assumed aligned to
-    writes: bool = False  # the kernel writes it (used for poisoning in tests and for docs)
+    role: str = "input"
+    layout: str = ""  # a SCALE_LAYOUTS name for scale-factor tensors
 
     def __post_init__(self):
         if len(self.shape) != len(self.stride):
             raise ValueError(f"{self.name}: shape and stride ranks differ")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"{self.name}: unknown dtype {self.dtype!r}")
+        get_dtype(self.dtype)
+        if self.role not in ROLES:
+            raise ValueError(f"{self.name}: role must be one of {ROLES} (got {self.role!r})")
+        if self.layout and self.layout not in SCALE_LAYOUTS:
+            raise ValueError(f"{self.name}: unknown layout {self.layout!r}")
+
+    @property
+    def writes(self) -> bool:
+        return self.role in ("output", "inout", "workspace")
+
+    def to_json(self) -> dict:
+        def dims(values):
+            return [v.to_json() if isinstance(v, Dim) else v for v in values]
+
+        out = {
+            "name": self.name,
+            "kind": "tensor",
+            "dtype": self.dtype,
+            "bits": DTYPES[self.dtype].bits,
+            "shape": dims(self.shape),
+            "stride": dims(self.stride),
+            "align": self.align,
+            "role": self.role,
+        }
+        if self.layout:
+            out["layout"] = self.layout
+        return out
 
 
 @dataclass(frozen=True)
 class ScalarArg:
     name: str
     dtype: str
+    role: str = "input"
 
     def __post_init__(self):
         if self.dtype not in _SCALAR_FORMATS:
-            raise ValueError(f"{self.name}: unsupported scalar dtype {self.dtype!r}")
+            raise ValueError(
+                f"{self.name}: unsupported scalar dtype {self.dtype!r}; "
+                f"one of {', '.join(_SCALAR_FORMATS)}"
+            )
+
+    @property
+    def writes(self) -> bool:
+        return False
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": "scalar", "dtype": self.dtype, "role": self.role}
 
 
 Arg = TensorArg | ScalarArg
+
+
+def arg_from_json(data: dict) -> Arg:
+    """The inverse of ``to_json``; raises KeyError/TypeError/ValueError on malformed data."""
+
+    def dims(values):
+        return tuple(Dim(str(v[0]), int(v[1]), int(v[2])) if isinstance(v, list) else int(v)
+                     for v in values)
+
+    if data["kind"] == "scalar":
+        return ScalarArg(str(data["name"]), str(data["dtype"]), str(data["role"]))
+    if data["kind"] != "tensor":
+        raise ValueError(f"unknown argument kind {data['kind']!r}")
+    return TensorArg(
+        str(data["name"]),
+        str(data["dtype"]),
+        dims(data["shape"]),
+        dims(data["stride"]),
+        int(data["align"]),
+        str(data["role"]),
+        str(data.get("layout", "")),
+    )
 
 
 @dataclass(frozen=True)
@@ -130,26 +246,36 @@ def param_fields(arg: Arg) -> tuple[ParamField, ...]:
 
 
 def param_size(arg: Arg) -> int:
-    """Size in bytes of the packed parameter, as the PTX `.param .b8 name[size]` declares it."""
+    """Size in bytes of the packed parameter, as the PTX `.param` declaration gives it."""
     if isinstance(arg, ScalarArg):
         return struct.calcsize(_SCALAR_FORMATS[arg.dtype])
     last = param_fields(arg)[-1]
     return _align_up(last.offset + struct.calcsize(last.fmt), 8)
 
 
+def param_align(arg: Arg) -> int:
+    """Alignment of the packed parameter: its widest field (C struct rules)."""
+    return max(struct.calcsize(f.fmt) for f in param_fields(arg))
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One compile unit of a kernel point: a separately compiled kernel with static launch facts.
+    """One compile unit of a kernel point: the single source of its static launch facts.
 
     A point has several variants when the launch plan picks between implementations
-    (decode vs prefill) whose compile-time constants (warps per block) differ.
+    (decode vs prefill) whose compile-time constants differ. The device code reads block,
+    shared memory, the cooperative flag and the constants from here; the compile worker turns
+    it into the point's record; the loader launches from that record.
     """
 
     name: str
     block: tuple[int, int, int]
     smem: int = 0  # dynamic shared memory bytes, fixed at compile time
-    params: tuple[str, ...] = ()  # call arguments passed to the kernel, in kernel order
-    constants: dict = field(default_factory=dict, compare=False, hash=False)  # for the device code
+    params: tuple[str, ...] = ()  # arguments passed to the kernel, in kernel order
+    constants: dict = field(default_factory=dict, compare=False, hash=False)
+    cooperative: bool = False  # needs every block resident (grid barrier)
+    pdl: bool = False  # launched with programmatic dependent launch
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
     @property
     def threads(self) -> int:
@@ -158,11 +284,9 @@ class Variant:
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch of a plan."""
+    """One kernel launch of a plan: which variant, its grid, and which of its entries. Block,
+    shared memory and launch attributes come from the variant's record."""
 
     variant: str
     grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    smem: int = 0
-    cooperative: bool = False
     entry: int = 0  # index into the variant's kernel entries (launch order)

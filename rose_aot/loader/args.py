@@ -10,17 +10,26 @@ import ctypes
 import struct
 
 from ..errors import ArgumentError
-from ..kernels.spec import DTYPES, Arg, Dim, ScalarArg, TensorArg, param_fields, param_size
+from ..kernels.record import ParamRecord
+from ..kernels.spec import Arg, Dim, ScalarArg, TensorArg
 
 __all__ = ["ArgBinder", "ParamPacker"]
 
 _INT_LIMITS = {32: 2**31 - 1, 64: 2**63 - 1}
+# Scalar dtype -> (Python types accepted, inclusive range or None)
+_SCALAR_RULES = {
+    "int32": ((int,), (-(2**31), 2**31 - 1)),
+    "uint32": ((int,), (0, 2**32 - 1)),
+    "int64": ((int,), (-(2**63), 2**63 - 1)),
+    "float32": ((float, int), None),
+    "float64": ((float, int), None),
+}
 
 
 def _torch_dtype(name: str):
     import torch
 
-    return getattr(torch, DTYPES[name][1])
+    return getattr(torch, name)
 
 
 class ArgBinder:
@@ -40,9 +49,10 @@ class ArgBinder:
         self._fast = []
         first_use: dict[str, tuple[int, int, str]] = {}
         for i, a in enumerate(args):
-            if not isinstance(a, TensorArg):
-                self._fast = None
-                break
+            if isinstance(a, ScalarArg):
+                types, bounds = _SCALAR_RULES[a.dtype]
+                self._fast.append((None, types, bounds, None, None, None, None))
+                continue
             static_shape = tuple(a.shape) if not any(isinstance(d, Dim) for d in a.shape) else None
             contiguous = static_shape is not None and tuple(a.stride) == _contiguous(static_shape)
             extents = []  # (mode, expected int) or (mode, (arg, mode) of the first use)
@@ -61,16 +71,26 @@ class ArgBinder:
             )
 
     def fast_bind(self, values: tuple):
-        """(shapes, strides, pointers, device) of well-formed arguments, else None."""
+        """(shapes, strides, values, device) of well-formed arguments, else None. `values`
+        holds each tensor's data pointer and each scalar's value."""
         fast = self._fast
         tensor_type = self._tensor_type
-        if fast is None or len(values) != len(fast):
+        if len(values) != len(fast):
             return None
         shapes, strides, ptrs = [], [], []
         device = -2
         for t, (dtype, rank, static_shape, contiguous, extents, stride_spec, align) in zip(
             values, fast
         ):
+            if dtype is None:  # a scalar: rank holds the accepted types, static_shape the range
+                if type(t) not in rank or (
+                    static_shape is not None and not static_shape[0] <= t <= static_shape[1]
+                ):
+                    return None
+                shapes.append(None)
+                strides.append(None)
+                ptrs.append(t)
+                continue
             if type(t) is not tensor_type or t.dtype is not dtype:
                 return None
             dev = t.get_device()
@@ -108,13 +128,16 @@ class ArgBinder:
             shapes.append(shape)
             strides.append(stride)
             ptrs.append(ptr)
+        if device < 0:
+            return None
         return shapes, strides, ptrs, device
 
     def signature(self) -> str:
         return f"{self.owner}({', '.join(a.name for a in self.args)})"
 
-    def bind(self, values: tuple) -> tuple[dict[str, int], int]:
-        """Returns (dynamic dim values by name, CUDA device index)."""
+    def bind(self, values: tuple) -> tuple[dict[str, int], list, int]:
+        """Returns (dynamic dim values by name, per argument its data pointer or scalar value,
+        CUDA device index); raises ArgumentError naming the argument and the numbers."""
         import torch
 
         if len(values) != len(self.args):
@@ -124,10 +147,13 @@ class ArgBinder:
         dims: dict[str, int] = {}
         device = None
         devices = []
+        out = []
         for spec, value in zip(self.args, values):
-            if isinstance(spec, ScalarArg):
-                raise ArgumentError(f"{self.owner}: scalar arguments are not supported yet")
             where = f"{self.owner}: argument '{spec.name}'"
+            if isinstance(spec, ScalarArg):
+                out.append(self._bind_scalar(spec, value, where))
+                continue
+            out.append(value.data_ptr() if isinstance(value, torch.Tensor) else None)
             if not isinstance(value, torch.Tensor):
                 raise ArgumentError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
             if value.dtype != self._dtypes[spec.name]:
@@ -183,7 +209,19 @@ class ArgBinder:
                     f"{where} is on cuda:{dev.index} but earlier arguments are on "
                     f"cuda:{device}; put all arguments on one device"
                 )
-        return dims, device
+        if device is None:
+            raise ArgumentError(f"{self.signature()}: no tensor argument gives the CUDA device")
+        return dims, out, device
+
+    @staticmethod
+    def _bind_scalar(spec: ScalarArg, value, where: str):
+        types, bounds = _SCALAR_RULES[spec.dtype]
+        if isinstance(value, bool) or not isinstance(value, types):
+            names = " or ".join(t.__name__ for t in types)
+            raise ArgumentError(f"{where} must be a Python {names} ({spec.dtype}), got {value!r}")
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise ArgumentError(f"{where} = {value} is outside the range of {spec.dtype}")
+        return float(value) if float in types else value
 
     @staticmethod
     def _bind_dim(dims, dim: Dim, value: int, where: str, what: str) -> None:
@@ -213,54 +251,55 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class ParamPacker:
-    """One preallocated buffer holding every kernel parameter of one entry, and the void* array
-    (`kernelParams`) pointing into it. `pack` rewrites the buffer with one struct call."""
+    """One preallocated buffer holding every kernel parameter of one entry, laid out as the
+    variant's record says, and the void* array (`kernelParams`) pointing into it. `pack`
+    rewrites the buffer with one struct call."""
 
-    def __init__(self, args: tuple[Arg, ...], params: tuple[str, ...]):
-        by_name = {a.name: a for a in args}
+    def __init__(self, positions: dict[str, int], params: tuple[ParamRecord, ...]):
+        """`positions`: argument name -> its index in the values passed to `fast_values` /
+        `values` (call arguments, then workspace)."""
         fmt = "<"
         offset = 0
         offsets = []
-        self._fields: list[tuple[str, str, str]] = []  # (param, kind, dim)
-        self._sources: list[tuple[int, str, int]] = []  # (call argument index, kind, mode)
-        arg_index = {a.name: i for i, a in enumerate(args)}
-        for name in params:
-            arg = by_name[name]
-            offset = -(-offset // 8) * 8  # each parameter buffer 8-byte aligned
+        self._sources: list[tuple[int, str, int, str]] = []  # (value index, kind, mode, dim)
+        for p in params:
+            offset = -(-offset // max(8, p.align)) * max(8, p.align)  # each parameter 8-aligned
             offsets.append(offset)
-            for f in param_fields(arg):
+            for f in p.fields:
                 pad = offset + f.offset - struct.calcsize(fmt)
+                if pad < 0:
+                    raise ValueError(f"parameter {p.name}: fields overlap")
                 fmt += (f"{pad}x" if pad else "") + f.fmt
-                self._fields.append((name, f.kind, f.dim))
-                self._sources.append((arg_index[name], f.kind, f.mode))
-            offset += param_size(arg)
+                self._sources.append((positions[p.name], f.kind, f.mode, f.dim))
+            offset += p.size
         self.struct = struct.Struct(fmt)
-        self.sizes = [param_size(by_name[n]) for n in params]
+        self.sizes = [p.size for p in params]
         self.buffer = ctypes.create_string_buffer(max(8, -(-offset // 8) * 8))
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * max(1, len(params)))(*[base + o for o in offsets])
         self.address = ctypes.addressof(self.pointers)
-        self.params = params
+        self.params = tuple(p.name for p in params)
 
-    def values(self, tensors: dict, dims: dict[str, int]) -> list[int]:
+    def values(self, values: list, dims: dict[str, int]) -> list:
+        """Parameter values from `ArgBinder.bind`'s result (strides normalised by the binder)."""
         out = []
-        for name, kind, dim in self._fields:
-            out.append(tensors[name].data_ptr() if kind == "ptr" else dims[dim])
+        for i, kind, _mode, dim in self._sources:
+            out.append(values[i] if kind in ("ptr", "scalar") else dims[dim])
         return out
 
-    def fast_values(self, shapes, strides, ptrs) -> list[int]:
+    def fast_values(self, shapes, strides, values) -> list:
         """Parameter values straight from `ArgBinder.fast_bind`'s result."""
         out = []
-        for i, kind, mode in self._sources:
-            if kind == "ptr":
-                out.append(ptrs[i])
+        for i, kind, mode, _dim in self._sources:
+            if kind == "ptr" or kind == "scalar":
+                out.append(values[i])
             elif kind == "extent":
                 out.append(shapes[i][mode])
             else:
                 out.append(strides[i][mode])
         return out
 
-    def pack(self, values: list[int]) -> int:
+    def pack(self, values: list) -> int:
         """Writes the parameters; returns the kernelParams address to pass to the driver."""
         self.struct.pack_into(self.buffer, 0, *values)
         return self.address

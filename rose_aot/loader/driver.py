@@ -17,6 +17,7 @@ __all__ = [
     "get_kernel",
     "kernel_function",
     "set_max_dynamic_smem",
+    "sm_count",
     "function_param_info",
     "launcher",
     "cooperative_launcher",
@@ -75,6 +76,14 @@ def set_max_dynamic_smem(kernel, device: int, nbytes: int, name: str) -> None:
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
     check(cu.cuKernelSetAttribute(attr, nbytes, kernel, dev), f"raising {name}'s shared memory")
+
+
+def sm_count(device: int) -> int:
+    """Streaming multiprocessors of CUDA device `device` (cuDeviceGetAttribute)."""
+    cu = driver()
+    dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(check(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute(SM count)"))
 
 
 def function_param_info(function, name: str) -> list[tuple[int, int]]:

@@ -15,13 +15,14 @@ from ..archs import ARCHS, arch_for_capability, get_arch
 from ..bundle import BundleReader
 from ..errors import BundleError, ConfigError, DeviceError, KernelNotFoundError, RoseAotError
 from ..kernels import get_family
-from ..kernels.spec import param_fields, param_size
+from ..kernels.record import PointRecord
 from . import driver
 from .args import ArgBinder, ParamPacker
 
 __all__ = ["KernelBundle", "KernelHandle", "open_bundle"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
+_REBUILD = "rebuild the bundle with `rose-aot build`"
 
 
 def open_bundle(path, *, use_ptx: bool = False) -> "KernelBundle":
@@ -40,26 +41,36 @@ class KernelBundle:
             raise BundleError(f"{self.path}: not a rose-aot kernel bundle (kind {index.get('kind')!r})")
         self.index = index
         self._blob_names = set(reader.blob_names())
-        # (point key, arch) -> point record
+        # (point key, arch) -> the point's index entry and its record
         self._points: dict[tuple[str, str], dict] = {}
-        for point in index.get("points", []):
+        self._records: dict[tuple[str, str], PointRecord] = {}
+        points = index.get("points", [])
+        if not isinstance(points, list):
+            raise BundleError(f"{self.path}: the index's points are not a list; {_REBUILD}")
+        for point in points:
             try:
-                self._check_point(point)
-                self._points[(point["key"], point["arch"])] = point
-            except (KeyError, TypeError, AttributeError) as exc:
+                record = self._check_point(point)
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
                 if isinstance(exc, RoseAotError):
                     raise
+                what = point.get("key", "?") if isinstance(point, dict) else "?"
                 raise BundleError(
-                    f"{self.path}: a point record of the index is malformed "
-                    f"({type(exc).__name__}: {exc}); rebuild the bundle with `rose-aot build`"
+                    f"{self.path}: the record of point {str(what)[:200]!r} is malformed or not "
+                    f"understood by this rose-aot ({type(exc).__name__}: {exc}); {_REBUILD}"
                 ) from exc
+            self._points[(point["key"], point["arch"])] = point
+            self._records[(point["key"], point["arch"])] = record
         self._libraries: dict[tuple[str, str, str], object] = {}
         self._device_kernels: dict[tuple[int, str, str, str], list] = {}
         self._device_arch: dict[int, str] = {}
+        self._sm_counts: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    # --- verification of the index against this rose-aot's plain-Python kernel specs --------
-    def _check_point(self, point: dict) -> None:
+    # --- the record: read, bound to its artifacts, understood by this rose-aot ----------------
+    def _check_point(self, point: dict) -> PointRecord:
+        """The point's record, after checking that it belongs to its point, that its artifacts
+        are the ones it names (sha256, and the cubin's entries, block size and parameters), and
+        that this rose-aot's plan for the family can launch from it. Nothing is recomputed."""
         try:
             family = get_family(point["family"])
             config = family.make_config(**point["config"])
@@ -69,38 +80,44 @@ class KernelBundle:
                 f"{self.path}: point {point.get('key', '?')!r} is not understood by this "
                 f"rose-aot ({exc}); rebuild the bundle with the rose-aot version that serves it"
             ) from exc
-        if family.key(config) != point["key"]:
-            raise BundleError(f"{self.path}: point key {point['key']!r} does not match its config")
-        args = {a.name: a for a in family.kernel_args(config)}
-        specs = {v.name: v for v in family.variants(config, arch)}
-        recorded = {v["name"]: v for v in point["variants"]}
-        if set(recorded) != set(specs):
-            raise BundleError(
-                f"{self.path}: {point['key']} on {point['arch']} has variants {sorted(recorded)}, "
-                f"this rose-aot expects {sorted(specs)}; rebuild the bundle"
-            )
-        for name, spec in specs.items():
-            rec = recorded[name]
-            expect = {
-                "block": list(spec.block),
-                "smem": spec.smem,
-                "params": list(spec.params),
-                "param_layouts": [[f.to_json() for f in param_fields(args[p])] for p in spec.params],
-            }
-            sizes = [param_size(args[p]) for p in spec.params]
-            bad = [k for k, v in expect.items() if rec.get(k) != v]
-            entries = rec.get("entries")
-            if not entries or len(rec.get("param_sizes", [])) != len(entries):
-                bad.append("entries")
-            if bad or any(s != sizes for s in rec.get("param_sizes", [])):
-                raise BundleError(
-                    f"{self.path}: {point['key']} variant {name} on {point['arch']}: launch facts "
-                    f"{bad or ['param_sizes']} differ from this rose-aot's kernel spec; rebuild "
-                    f"the bundle with the rose-aot version that serves it"
-                )
-            for blob in (rec["cubin"], rec["ptx"]):
+        key = point["key"]
+        if family.key(config) != key:
+            raise BundleError(f"{self.path}: point key {key!r} does not match its config")
+        record = PointRecord.from_json(point)
+        where = f"{self.path}: {key} on {arch.name}"
+        for raw, variant in zip(point["variants"], record.variants):
+            for kind, digest in (("cubin", variant.cubin_sha256), ("ptx", variant.ptx_sha256)):
+                blob = raw[kind]
                 if blob not in self._blob_names:
-                    raise BundleError(f"{self.path}: artifact {blob!r} is missing")
+                    raise BundleError(f"{where}: artifact {blob!r} of variant {variant.name} is missing")
+                if self.reader.blob_info(blob)["raw_sha256"] != digest:
+                    raise BundleError(
+                        f"{where}: variant {variant.name}'s {kind} {blob!r} is not the artifact "
+                        f"its record was compiled with (sha256 differs); {_REBUILD}"
+                    )
+            if variant.pdl or variant.cluster != (1, 1, 1):
+                raise BundleError(
+                    f"{where}: variant {variant.name} needs programmatic dependent launch or "
+                    f"thread-block clusters, which this loader does not launch; upgrade rose-aot"
+                )
+            try:
+                variant.check_cubin(self.reader.blob(raw["cubin"]))
+            except ValueError as exc:
+                raise BundleError(
+                    f"{where}: the cubin of variant {variant.name} does not match its record "
+                    f"({exc}); the artifact is misplaced or damaged; {_REBUILD}"
+                ) from None
+        try:
+            for sizes in family.sample_sizes(config):
+                for launch in family.plan(config, record.by_name, sizes, arch.sm_count):
+                    record.variant(launch.variant).entries[launch.entry]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise BundleError(
+                f"{where}: this rose-aot's {family.name} launch plan does not understand the "
+                f"record ({type(exc).__name__}: {exc}); rebuild the bundle with the rose-aot "
+                f"version that serves it"
+            ) from None
+        return record
 
     # --- what the bundle has -------------------------------------------------------------------
     @property
@@ -188,22 +205,37 @@ class KernelBundle:
                     key, [], f"the bundle has it for {self._archs_of(key)} but cuda:{device} "
                     f"needs {arch}"
                 )
-            variant = next(v for v in point["variants"] if v["name"] == variant_name)
-            lib = self._library(key, arch, variant)
+            raw = next(v for v in point["variants"] if v["name"] == variant_name)
+            record = self._records[(key, arch)].variant(variant_name)
+            lib = self._library(key, arch, raw)
             kernels = []
             import torch
 
             with torch.cuda.device(device):
                 torch.cuda.current_stream(device)  # makes the primary context current
-                for entry in variant["entries"]:
+                for entry in record.entries:
                     kernel = driver.get_kernel(lib, entry)
-                    if variant["smem"] > 48 * 1024:
-                        driver.set_max_dynamic_smem(kernel, device, variant["smem"], entry)
+                    if record.smem > 48 * 1024:
+                        driver.set_max_dynamic_smem(kernel, device, record.smem, entry)
                     # The context's own function: loads the module into this device's context now
                     # (not at the first launch) and spares the driver a per-launch lookup.
                     kernels.append(driver.kernel_function(kernel, entry))
             self._device_kernels[cache_key] = kernels
             return kernels
+
+    def sm_count(self, device: int) -> int:
+        """The device's SM count (cuDeviceGetAttribute), read once: plans size cooperative and
+        decode grids from the GPU that runs them, not from the arch table (an H20 has 78 SMs,
+        an H100 PCIe 114, both sm_90a)."""
+        count = self._sm_counts.get(device)
+        if count is None:
+            count = driver.sm_count(device)
+            self._sm_counts[device] = count
+        return count
+
+    def record(self, key: str, arch: str) -> PointRecord:
+        """The record of (point key, arch), as the index holds it."""
+        return self._records[(key, arch)]
 
     def _archs_of(self, key: str) -> list[str]:
         return sorted(a for k, a in self._points if k == key)
@@ -257,11 +289,15 @@ class KernelBundle:
 
 
 class KernelHandle:
-    """A callable kernel point. Call with torch tensors in the family's argument order.
+    """A callable kernel point. Call with torch tensors (and Python numbers for scalar
+    arguments) in the family's argument order.
 
-    The hot path: one pass of cheap checks over the tensors (the detailed checker runs only when
-    one fails, to raise a precise error), a dict lookup of the launch plan already resolved to
-    kernel handles for (device, sizes), one struct pack per launch and the driver call.
+    Everything comes from the point's record for the device's arch: argument checks, parameter
+    packing, block, shared memory and launch attributes. The family's plan adds only the grid
+    and the variant for the runtime sizes and the device's SM count. The hot path: one pass of
+    cheap checks over the arguments (the detailed checker runs only when one fails, to raise a
+    precise error), a dict lookup of the plan already resolved for (device, sizes), one struct
+    pack per launch and the driver call.
     """
 
     def __init__(self, bundle: KernelBundle, family, config):
@@ -269,28 +305,23 @@ class KernelHandle:
         self.family = family
         self.config = config
         self.key = family.key(config)
-        args = family.args(config)
-        self._workspace_spec = tuple(family.workspace(config))
-        kernel_args = tuple(args) + self._workspace_spec
-        self._binder = ArgBinder(self.key, args)
-        self._packers = {}
-        for arch in {a for k, a in bundle._points if k == self.key}:
-            for v in family.variants(config, get_arch(arch)):
-                self._packers.setdefault(v.name, ParamPacker(kernel_args, v.params))
-        self._names = tuple(a.name for a in args)
+        # Per arch the bundle has this point for: (record, binder, packers by variant,
+        # where each plan size is read from).
+        self._arch_state: dict[str, tuple] = {}
+        for (key, arch), record in sorted(bundle._records.items()):
+            if key != self.key:
+                continue
+            binder = ArgBinder(self.key, record.args)
+            positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
+            packers = {v.name: ParamPacker(positions, v.params) for v in record.variants}
+            size_sources = [_size_source(record.args, size) for size in family.size_names]
+            self._arch_state[arch] = (record, binder, packers, size_sources)
+        any_state = next(iter(self._arch_state.values()))
+        self._names = tuple(a.name for a in any_state[0].args)
+        self._any_binder = any_state[1]
+        self._device_state: dict[int, tuple] = {}
         self._workspaces: dict[tuple[int, int], list] = {}
         self._workspace_ptrs: dict[tuple[int, int], list[int]] = {}
-        # Where each runtime size of the plan is read from: (argument index, mode).
-        self._size_sources = []
-        for size in family.size_names:
-            self._size_sources.append(
-                next(
-                    (i, m)
-                    for i, a in enumerate(args)
-                    for m, d in enumerate(a.shape)
-                    if getattr(d, "name", None) == size
-                )
-            )
         self._resolved: dict[tuple, list] = {}
         self._lock = threading.Lock()
         self._launch = None
@@ -304,25 +335,51 @@ class KernelHandle:
     def arg_names(self) -> tuple[str, ...]:
         return self._names
 
-    def plan(self, *tensors, variant: str | None = None):
-        """The launches a call with these tensors would issue (nothing is launched)."""
-        dims, device = self._binder.bind(tensors)
-        arch = get_arch(self.bundle.arch_for_device(device))
+    def record(self, device: int) -> PointRecord:
+        """The record this handle launches from on `device`."""
+        return self._state(device)[0]
+
+    def _state(self, device: int) -> tuple:
+        state = self._device_state.get(device)
+        if state is None:
+            arch = self.bundle.arch_for_device(device)
+            if arch not in self._arch_state:
+                raise KernelNotFoundError(
+                    self.key, [], f"the bundle has it for {self.bundle._archs_of(self.key)} but "
+                    f"cuda:{device} needs {arch}"
+                )
+            state = (*self._arch_state[arch], self.bundle.sm_count(device))
+            self._device_state[device] = state
+        return state
+
+    def _binder_for(self, values: tuple):
+        """The binder of the first argument's device (arch-specific alignment), else any."""
+        first = values[0] if values else None
+        device = first.get_device() if hasattr(first, "get_device") else -1
+        if device >= 0:
+            return self._state(device)[1]
+        return self._any_binder
+
+    def plan(self, *args, variant: str | None = None):
+        """The launches a call with these arguments would issue (nothing is launched)."""
+        dims, _, device = self._binder_for(args).bind(args)
+        record, _, _, _, sm_count = self._state(device)
         sizes = {n: dims[n] for n in self.family.size_names}
-        return self.family.plan(self.config, arch, sizes, variant)
+        return self.family.plan(self.config, record.by_name, sizes, sm_count, variant)
 
     def _resolve(self, device: int, sizes: tuple, variant: str | None) -> list:
-        """The plan for (device, sizes) with each launch's kernel handle and packer bound."""
-        arch = get_arch(self.bundle.arch_for_device(device))
+        """The plan for (device, sizes) with each launch's kernel, record facts and packer."""
+        record, _, packers, _, sm_count = self._state(device)
         plan = self.family.plan(
-            self.config, arch, dict(zip(self.family.size_names, sizes)), variant
+            self.config, record.by_name, dict(zip(self.family.size_names, sizes)), sm_count, variant
         )
         resolved = []
         for launch in plan:
+            v = record.variant(launch.variant)
             kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
             resolved.append(
-                (int(kernel), *launch.grid, *launch.block, launch.smem, self._packers[launch.variant],
-                 launch.variant, launch.cooperative)
+                (int(kernel), *launch.grid, *v.block, v.smem, packers[launch.variant],
+                 launch.variant, v.cooperative)
             )
         if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
             self._resolved.clear()
@@ -350,22 +407,29 @@ class KernelHandle:
 
             tensors = [
                 torch.zeros(a.shape, dtype=getattr(torch, a.dtype), device=f"cuda:{device}")
-                for a in self._workspace_spec
+                for a in self._state(device)[0].workspace
             ]
             self._workspaces[key] = tensors
         return tensors
 
-    def __call__(self, *tensors, variant: str | None = None) -> None:
+    def __call__(self, *args, variant: str | None = None) -> None:
         """Launch on torch's current stream of the tensors' device. `variant` forces one variant
         of the launch plan (for tests and benchmarks); by default the plan picks from the sizes."""
-        bound = self._binder.fast_bind(tensors)
+        first = args[0] if args else None
+        state = self._device_state.get(first.get_device() if hasattr(first, "get_device") else -1)
+        binder = state[1] if state is not None else self._binder_for(args)
+        bound = binder.fast_bind(args)
         if bound is not None:
-            shapes, strides, ptrs, device = bound
-            sizes = tuple(shapes[i][m] for i, m in self._size_sources)
-            slow_dims = None
+            shapes, strides, values, device = bound
+            if state is None:
+                state = self._state(device)
+            sizes = tuple(shapes[i][m] for i, m in state[3])
+            dims = None
         else:
-            slow_dims, device = self._binder.bind(tensors)  # raises the precise error
-            sizes = tuple(slow_dims[n] for n in self.family.size_names)
+            dims, values, device = binder.bind(args)  # raises the precise error
+            state = self._state(device)
+            shapes = strides = None
+            sizes = tuple(dims[n] for n in self.family.size_names)
         launches = self._resolved.get((device, sizes, variant))
         if launches is None:
             launches = self._resolve(device, sizes, variant)
@@ -376,29 +440,30 @@ class KernelHandle:
             self._launch_cooperative = driver.cooperative_launcher()
             self._raw_stream = self._stream_getter()
         stream = self._raw_stream(device)
-        by_name = None
-        if self._workspace_spec:
-            if slow_dims is None:
-                scratch_ptrs = self._workspace_ptrs.get((device, stream))
-                if scratch_ptrs is None:
-                    scratch_ptrs = [t.data_ptr() for t in self.workspace(device, stream)]
-                    self._workspace_ptrs[(device, stream)] = scratch_ptrs
-                ptrs = ptrs + scratch_ptrs
-            else:
-                scratch = self.workspace(device, stream)
-                by_name = dict(zip(self._names, tensors))
-                by_name.update((a.name, t) for a, t in zip(self._workspace_spec, scratch))
+        if state[0].workspace:
+            scratch = self._workspace_ptrs.get((device, stream))
+            if scratch is None:
+                scratch = [t.data_ptr() for t in self.workspace(device, stream)]
+                self._workspace_ptrs[(device, stream)] = scratch
+            values = values + scratch
         for kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative in launches:
             with self._lock:
-                if slow_dims is None:
-                    values = packer.fast_values(shapes, strides, ptrs)
+                if dims is None:
+                    params = packer.pack(packer.fast_values(shapes, strides, values))
                 else:
-                    by_name = by_name or dict(zip(self._names, tensors))
-                    values = packer.values(by_name, slow_dims)
-                params = packer.pack(values)
+                    params = packer.pack(packer.values(values, dims))
                 if cooperative:
                     code = self._launch_cooperative(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
                 else:
                     code = self._launch(kernel, gx, gy, gz, bx, by, bz, smem, stream, params, None)
             if code:
                 driver.raise_launch_error(code, f"launching {self.key} ({name})")
+
+
+def _size_source(args, size: str) -> tuple[int, int]:
+    """(argument index, mode) of the first extent named `size`."""
+    for i, a in enumerate(args):
+        for m, d in enumerate(getattr(a, "shape", ())):
+            if getattr(d, "name", None) == size:
+                return i, m
+    raise BundleError(f"no argument has an extent named {size!r}")

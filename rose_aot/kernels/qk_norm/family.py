@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..archs import Arch
-from ..errors import ConfigError
-from .base import KernelFamily, choice
-from .spec import DTYPES, Dim, Launch, TensorArg, Variant
-from .tuning import prefill_warps, qk_norm_decode_max_warps
+from ...archs import Arch
+from ...errors import ConfigError
+from ..base import KernelFamily, choice
+from ..rowwise import access_bytes, row_align, vector_width
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from . import tuning
 
-__all__ = ["QkNormConfig", "QkNorm", "head_split"]
+__all__ = ["QkNormConfig", "QkNorm"]
 
 _FLOATS = ("bfloat16", "float16", "float32")
 
@@ -36,17 +37,10 @@ class QkNormConfig:
     )
 
 
-def head_split(head_dim: int, dtype: str) -> tuple[int, int]:
-    """(lanes per head, 128-bit vectors per lane)."""
-    vectors = head_dim // (16 // DTYPES[dtype][0])
-    lanes = min(32, vectors)
-    return lanes, vectors // lanes
-
-
 class QkNorm(KernelFamily):
     name = "qk_norm"
     Config = QkNormConfig
-    device_module = "rose_aot.kernels.qk_norm_device"
+    device_module = "rose_aot.kernels.qk_norm.device"
     shape_fields = ("num_q_heads", "num_k_heads", "head_dim")
 
     def make_config(self, **values):
@@ -61,28 +55,38 @@ class QkNorm(KernelFamily):
         if c.eps <= 0:
             raise ConfigError(self.name, "eps", f"must be > 0 (got {c.eps})")
 
-    def args(self, c: QkNormConfig) -> tuple[TensorArg, ...]:
+    def _access(self, c: QkNormConfig, arch: Arch) -> tuple[int, int]:
+        nbytes = access_bytes(
+            arch, *(c.head_dim * DTYPES[d].bits // 8 for d in (c.dtype, c.weight_dtype))
+        )
+        return nbytes, vector_width(c.dtype, nbytes)
+
+    def args(self, c: QkNormConfig, arch: Arch) -> tuple[TensorArg, ...]:
         tokens = Dim("tokens")
-        vec = 16 // DTYPES[c.dtype][0]
+        nbytes, vec = self._access(c, arch)
 
         def heads(name, n):
             # [tokens, heads, head_dim]; the token stride is free so q and k may be views of a
             # fused qkv buffer; heads and elements are contiguous.
             stride = Dim(f"{name}_token_stride", width=64, divisibility=vec)
             return TensorArg(
-                name, c.dtype, (tokens, n, c.head_dim), (stride, c.head_dim, 1), 16, True
+                name, c.dtype, (tokens, n, c.head_dim), (stride, c.head_dim, 1),
+                row_align(c.dtype, vec, nbytes), "inout",
             )
 
+        w_align = row_align(c.weight_dtype, vec, nbytes)
         return (
             heads("q", c.num_q_heads),
             heads("k", c.num_k_heads),
-            TensorArg("q_weight", c.weight_dtype, (c.head_dim,), (1,), 16),
-            TensorArg("k_weight", c.weight_dtype, (c.head_dim,), (1,), 16),
+            TensorArg("q_weight", c.weight_dtype, (c.head_dim,), (1,), w_align),
+            TensorArg("k_weight", c.weight_dtype, (c.head_dim,), (1,), w_align),
         )
 
     def variants(self, c: QkNormConfig, arch: Arch) -> tuple[Variant, ...]:
-        lanes, per_lane = head_split(c.head_dim, c.dtype)
-        params = tuple(a.name for a in self.args(c))
+        _, vec = self._access(c, arch)
+        vectors = c.head_dim // vec
+        lanes = min(32, vectors)  # lanes per head
+        params = tuple(a.name for a in self.args(c, arch))
 
         def variant(name, warps):
             return Variant(
@@ -90,34 +94,30 @@ class QkNorm(KernelFamily):
                 (32 * warps, 1, 1),
                 0,
                 params,
-                {"warps": warps, "lanes_per_head": lanes, "vecs_per_lane": per_lane},
+                {
+                    "warps": warps,
+                    "vec": vec,
+                    "lanes_per_head": lanes,
+                    "vecs_per_lane": vectors // lanes,
+                    "heads_per_block": 32 * warps // lanes,
+                    "decode_max_warps": tuning.decode_max_warps(arch.name),
+                },
             )
 
-        block_warps = prefill_warps(self.name, arch.name, c.prefill_warps)
+        block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
         return (variant("decode", 1), variant("prefill", block_warps))
 
-    def heads_per_block(self, c: QkNormConfig, variant: Variant) -> int:
-        return variant.threads // variant.constants["lanes_per_head"]
-
-    def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
+    def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
         tokens = sizes["tokens"]
         if tokens == 0:
             return ()
-        variants = {v.name: v for v in self.variants(c, arch)}
-        lanes, _ = head_split(c.head_dim, c.dtype)
+        decode = variants["decode"].constants
         heads = tokens * (c.num_q_heads + c.num_k_heads)
-        warps_needed = -(-heads * lanes // 32)
-        decode_max = qk_norm_decode_max_warps(arch.name, arch.sm_count)
+        warps_needed = -(-heads * decode["lanes_per_head"] // 32)
+        decode_max = decode["decode_max_warps"]
+        if decode_max < 0:  # no measurement for this arch: the seed's rule
+            decode_max = sm_count
         name = force or ("decode" if warps_needed < decode_max else "prefill")
-        v = variants[name]
-        per_block = self.heads_per_block(c, v)
-        return (Launch(name, (-(-heads // per_block), 1, 1), v.block, v.smem),)
-
-    def reference(self, c: QkNormConfig, q, k, q_weight, k_weight) -> None:
-        import torch
-
-        for x, w in ((q, q_weight), (k, k_weight)):
-            xs = x.double()
-            rstd = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + c.eps)
-            x.copy_((xs * rstd * (w.double() + c.weight_offset)).to(x.dtype))
+        per_block = variants[name].constants["heads_per_block"]
+        return (Launch(name, (-(-heads // per_block), 1, 1)),)

@@ -28,26 +28,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..archs import Arch
-from ..errors import ArgumentError, ConfigError
-from .base import KernelFamily, choice
-from .spec import DTYPES, Dim, Launch, TensorArg, Variant
+from ...archs import Arch
+from ...errors import ArgumentError, ConfigError
+from ..base import KernelFamily, choice
+from ..rowwise import access_bytes, row_align, vector_width
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from .tuning import BLOCK_THREADS, DECODE_MAX_PAIRS_PER_SM
 
 __all__ = ["MoeDispatchConfig", "MoeDispatch"]
 
 _TOKEN_DTYPES = ("bfloat16", "float16", "float8_e4m3fn")
-BLOCK_THREADS = 256
-# Decode (one cooperative launch) while there are at most this many (token, k) pairs per SM of
-# the target. Measured on the H200, 128 experts, top-8, hidden 2048
-# (benchmarks/results/moe-h200.md): decode 6.35 vs prefill 7.23 µs at 128 tokens (1024 pairs),
-# 8.61 vs 8.23 µs at 256 tokens (2048 pairs); 8 x 132 SMs = 1056 pairs puts the switch between.
-DECODE_MAX_PAIRS_PER_SM = 8
 
 
-def shared_bytes(local_experts: int) -> int:
-    """Dynamic shared memory of every variant: counts, block bases, offsets, warp scratch."""
+def shared_bytes(local_experts: int, warps: int) -> int:
+    """Dynamic shared memory of every variant: per-expert counts, block bases and offsets
+    (E + 1 int32 each, 16-byte aligned), then one int32 per warp for the block scan. The device
+    code allocates exactly these through SharedMemory, which checks the total."""
     per_array = -(-4 * (local_experts + 1) // 16) * 16
-    return 3 * per_array + 64
+    return 3 * per_array + 4 * warps
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,7 @@ class MoeDispatchConfig:
 class MoeDispatch(KernelFamily):
     name = "moe_dispatch"
     Config = MoeDispatchConfig
-    device_module = "rose_aot.kernels.moe_dispatch_device"
+    device_module = "rose_aot.kernels.moe_dispatch.device"
     size_names = ("tokens", "rows")
 
     def make_config(self, **values):
@@ -83,7 +81,7 @@ class MoeDispatch(KernelFamily):
             raise ConfigError(self.name, "num_experts", f"must be 1..1024 (got {c.num_experts})")
         if not 1 <= c.top_k <= min(32, c.num_experts):
             raise ConfigError(self.name, "top_k", f"must be 1..min(32, num_experts) (got {c.top_k})")
-        vec = 16 // DTYPES[c.dtype][0]
+        vec = vector_width(c.dtype, 16)
         if not 0 < c.hidden <= 16384 or c.hidden % vec:
             raise ConfigError(
                 self.name, "hidden", f"{c.hidden} is not supported; use a multiple of {vec} up to 16384"
@@ -111,51 +109,68 @@ class MoeDispatch(KernelFamily):
         """Rows `out` needs at most: every copy plus the padding of every local expert."""
         return tokens * c.top_k + self.local(c) * (c.expert_alignment - 1)
 
-    def args(self, c: MoeDispatchConfig) -> tuple[TensorArg, ...]:
+    def _access(self, c: MoeDispatchConfig, arch: Arch) -> tuple[int, int]:
+        nbytes = access_bytes(arch, c.hidden * DTYPES[c.dtype].bits // 8)
+        return nbytes, vector_width(c.dtype, nbytes)
+
+    def args(self, c: MoeDispatchConfig, arch: Arch) -> tuple[TensorArg, ...]:
         tokens, rows = Dim("tokens"), Dim("rows")
-        vec = 16 // DTYPES[c.dtype][0]
+        nbytes, vec = self._access(c, arch)
+        align = row_align(c.dtype, vec, nbytes)
         h, k = c.hidden, c.top_k
         x_stride = Dim("x_row_stride", width=64, divisibility=vec)
         args = [
-            TensorArg("x", c.dtype, (tokens, h), (x_stride, 1)),
+            TensorArg("x", c.dtype, (tokens, h), (x_stride, 1), align),
             TensorArg("topk_ids", "int32", (tokens, k), (k, 1), 4),
         ]
         if c.scale_group:
             g = h // c.scale_group
-            args.append(TensorArg("x_scales", "float32", (tokens, g), (g, 1), 16))
-        args.append(TensorArg("out", c.dtype, (rows, h), (h, 1), 16, True))
+            args.append(TensorArg("x_scales", "float32", (tokens, g), (g, 1), 16, layout="row_major"))
+        args.append(TensorArg("out", c.dtype, (rows, h), (h, 1), align, "output"))
         if c.scale_group:
             g = h // c.scale_group
-            args.append(TensorArg("out_scales", "float32", (rows, g), (g, 1), 16, True))
+            args.append(
+                TensorArg("out_scales", "float32", (rows, g), (g, 1), 16, "output", "row_major")
+            )
         args += [
-            TensorArg("expert_offsets", "int32", (self.local(c) + 1,), (1,), 4, True),
-            TensorArg("positions", "int32", (tokens, k), (k, 1), 4, True),
+            TensorArg("expert_offsets", "int32", (self.local(c) + 1,), (1,), 4, "output"),
+            TensorArg("positions", "int32", (tokens, k), (k, 1), 4, "output"),
         ]
         return tuple(args)
 
-    def workspace(self, c: MoeDispatchConfig) -> tuple[TensorArg, ...]:
+    def workspace(self, c: MoeDispatchConfig, arch: Arch) -> tuple[TensorArg, ...]:
         e = self.local(c)
         return (
             # [0]: grid barrier word (phase bit + arrivals); the rest pads to 16 bytes.
-            TensorArg("barrier", "int32", (4,), (1,), 16, True),
+            TensorArg("barrier", "int32", (4,), (1,), 16, "workspace"),
             # Per-expert row counts, summed across blocks by the prefill router; zero between
             # launches (the copy kernel clears them).
-            TensorArg("counts", "int32", (e,), (1,), 4, True),
+            TensorArg("counts", "int32", (e,), (1,), 4, "workspace"),
             # First padding row of each expert, for the copy phase.
-            TensorArg("pad_start", "int32", (e,), (1,), 4, True),
+            TensorArg("pad_start", "int32", (e,), (1,), 4, "workspace"),
         )
 
     def variants(self, c: MoeDispatchConfig, arch: Arch) -> tuple[Variant, ...]:
-        params = tuple(a.name for a in self.kernel_args(c))
+        params = tuple(a.name for a in self.kernel_args(c, arch))
         block = (BLOCK_THREADS, 1, 1)
-        smem = shared_bytes(self.local(c))
+        smem = shared_bytes(self.local(c), BLOCK_THREADS // 32)
+        _, vec = self._access(c, arch)
+        common = {"vec": vec, "decode_max_pairs_per_sm": DECODE_MAX_PAIRS_PER_SM}
+        # Pairs per thread the decode router keeps in registers: every token count the plan
+        # sends to decode on this arch; larger (forced) launches take the general loop.
+        reg_pairs = -(-arch.sm_count * DECODE_MAX_PAIRS_PER_SM // BLOCK_THREADS)
         return (
-            Variant("decode", block, smem, params, {"phase": "decode"}),
-            Variant("prefill_route", block, smem, params, {"phase": "route"}),
-            Variant("prefill_copy", block, smem, params, {"phase": "copy"}),
+            Variant("decode", block, smem, params,
+                    {**common, "phase": "decode", "register_pairs": reg_pairs}, cooperative=True),
+            Variant("prefill_route", block, smem, params, {**common, "phase": "route"},
+                    cooperative=True),
+            Variant("prefill_copy", block, smem, params, {**common, "phase": "copy"}),
         )
 
-    def plan(self, c, arch, sizes, force=None) -> tuple[Launch, ...]:
+    def sample_sizes(self, c: MoeDispatchConfig) -> list[dict[str, int]]:
+        return [{"tokens": t, "rows": self.max_rows(c, t)} for t in (1, 7, 1024, 65536)]
+
+    def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
         tokens, rows = sizes["tokens"], sizes["rows"]
         if tokens == 0:
@@ -167,57 +182,20 @@ class MoeDispatch(KernelFamily):
                 f"{self.local(c)} experts padded to {c.expert_alignment} need up to {need}; "
                 f"allocate out with max_rows(config, tokens) rows"
             )
+        decode_v = variants["decode"]
+        threads = decode_v.threads
+        warps = threads // 32
         pairs = tokens * c.top_k
-        warps = BLOCK_THREADS // 32
         work = pairs + self.local(c)  # a warp per (token, k) copy plus one per expert's padding
-        block = (BLOCK_THREADS, 1, 1)
-        decode = pairs <= arch.sm_count * DECODE_MAX_PAIRS_PER_SM
+        decode = pairs <= sm_count * decode_v.constants["decode_max_pairs_per_sm"]
         if force is not None:
             decode = force == "decode"
-        smem = shared_bytes(self.local(c))
         if decode:
-            grid = max(1, min(arch.sm_count, -(-work // warps)))
-            return (Launch("decode", (grid, 1, 1), block, smem, cooperative=True),)
-        route_grid = max(1, min(arch.sm_count, -(-pairs // BLOCK_THREADS)))
+            # Cooperative: every block resident, so at most one block per SM.
+            return (Launch("decode", (max(1, min(sm_count, -(-work // warps))), 1, 1)),)
+        route_grid = max(1, min(sm_count, -(-pairs // variants["prefill_route"].threads)))
+        copy_warps = variants["prefill_copy"].threads // 32
         return (
-            Launch("prefill_route", (route_grid, 1, 1), block, smem, cooperative=True),
-            Launch("prefill_copy", (-(-work // warps), 1, 1), block, smem),
+            Launch("prefill_route", (route_grid, 1, 1)),
+            Launch("prefill_copy", (-(-work // copy_warps), 1, 1)),
         )
-
-    def reference(self, c: MoeDispatchConfig, *tensors) -> None:
-        """Writes out/out_scales/expert_offsets/positions with rows inside each expert in
-        (token, k) order. The kernel's order inside an expert may differ: compare through
-        `positions` (tests do)."""
-        import torch
-
-        if c.scale_group:
-            x, ids, xs, out, out_s, offsets, positions = tensors
-        else:
-            x, ids, out, offsets, positions = tensors
-            xs = out_s = None
-        e_local = self.local(c)
-        k = ids.shape[1]
-        local = (ids.long() - c.expert_start).reshape(-1)
-        flat = ids.reshape(-1)
-        valid = (flat >= 0) & (flat < c.num_experts) & (local >= 0) & (local < e_local)
-        pairs = torch.nonzero(valid).squeeze(1)  # valid (token, k) pairs in (token, k) order
-        experts = local[pairs]
-        counts = torch.bincount(experts, minlength=e_local)
-        padded = (counts + c.expert_alignment - 1) // c.expert_alignment * c.expert_alignment
-        starts = torch.zeros(e_local + 1, dtype=torch.long)
-        starts[1:] = torch.cumsum(padded, 0)
-        offsets.copy_(starts.to(offsets.dtype))
-        order = torch.argsort(experts, stable=True)
-        pairs, experts = pairs[order], experts[order]
-        first = torch.cumsum(counts, 0) - counts  # first sorted index of each expert
-        rows = starts[experts] + torch.arange(pairs.numel()) - first[experts]
-        flat_positions = torch.full((flat.numel(),), -1, dtype=torch.long)
-        flat_positions[pairs] = rows
-        positions.copy_(flat_positions.view(positions.shape).to(positions.dtype))
-        out[rows] = x[pairs // k]
-        if xs is not None:
-            out_s[rows] = xs[pairs // k]
-        for e in range(e_local):
-            out[int(starts[e]) + int(counts[e]) : int(starts[e + 1])] = 0
-            if out_s is not None:
-                out_s[int(starts[e]) + int(counts[e]) : int(starts[e + 1])] = 0

@@ -7,10 +7,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from ..archs import Arch
-from .device_utils import cutlass_dtype
-from .moe_combine import MoeCombineConfig
-from .spec import DTYPES, Variant
+from ...archs import Arch
+from ..device_utils import cutlass_dtype
+from ..spec import Variant
+from .family import MoeCombineConfig
 
 __all__ = ["host_function"]
 
@@ -20,7 +20,7 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
     rows = variant.constants["rows_per_block"]
     per_thread = variant.constants["vecs_per_thread"]
     K = config.top_k
-    vec = 16 // DTYPES[config.dtype][0]
+    vec = variant.constants["vec"]
     vectors = config.hidden // vec
     row_threads = 32 * warps
     exact = vectors == row_threads * per_thread

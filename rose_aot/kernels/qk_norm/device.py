@@ -7,10 +7,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from ..archs import Arch
-from .device_utils import butterfly_sum, cutlass_dtype
-from .qk_norm import QkNormConfig
-from .spec import DTYPES, Variant
+from ...archs import Arch
+from ..device_utils import butterfly_sum, cutlass_dtype
+from ..spec import Variant
+from .family import QkNormConfig
 
 __all__ = ["host_function"]
 
@@ -19,10 +19,10 @@ def host_function(config: QkNormConfig, variant: Variant, arch: Arch):
     """The `@cute.jit` launcher of one variant: q, k, q_weight, k_weight, grid, stream."""
     lanes = variant.constants["lanes_per_head"]
     per_lane = variant.constants["vecs_per_lane"]
-    vec = 16 // DTYPES[config.dtype][0]
+    vec = variant.constants["vec"]
     num_q = config.num_q_heads
     heads_per_token = config.num_q_heads + config.num_k_heads
-    heads_per_block = variant.threads // lanes
+    heads_per_block = variant.constants["heads_per_block"]
     eps = config.eps
     offset = config.weight_offset
     inv_dim = 1.0 / config.head_dim

@@ -5,13 +5,12 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 from cutlass import Int32, const_expr
 
-from ..archs import Arch
-from .device_utils import block_exclusive_sum, cutlass_dtype, grid_barrier
-from .moe_dispatch import BLOCK_THREADS, DECODE_MAX_PAIRS_PER_SM, MoeDispatch, MoeDispatchConfig
-from .spec import DTYPES, Variant
+from ...archs import Arch
+from ..device_utils import SharedMemory, block_exclusive_sum, cutlass_dtype, grid_barrier
+from ..spec import Variant
+from .family import MoeDispatchConfig
 
 __all__ = ["host_function"]
 
@@ -22,24 +21,21 @@ COPY_CHUNK = 16
 
 def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     phase = variant.constants["phase"]
-    family = MoeDispatch()
-    E = family.local(config)
+    E = config.local_experts
     K = config.top_k
     H = config.hidden
-    vec = 16 // DTYPES[config.dtype][0]
+    vec = variant.constants["vec"]
     V = H // vec
     G = H // config.scale_group if config.scale_group else 0
     align = config.expert_alignment
     e0 = config.expert_start
     n_experts = config.num_experts
-    threads = BLOCK_THREADS
+    threads = variant.threads
     warps = threads // 32
     per_thread = -(-E // threads)  # experts each thread scans
     dtype = cutlass_dtype(config.dtype)
     smem = variant.smem
-    # Pairs per thread the decode router keeps in registers: enough for every token count the
-    # plan sends to decode on this arch; forced larger launches take the general loop.
-    reg_pairs = -(-arch.sm_count * DECODE_MAX_PAIRS_PER_SM // threads)
+    reg_pairs = variant.constants.get("register_pairs", 0)
 
     @cute.jit
     def count_pairs(mIds, mPos, sCount, first, step):
@@ -152,11 +148,11 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         blocks = cute.arch.grid_dim()[0]
-        alloc = cutlass.memory.SmemAllocator()
-        sCount = alloc.allocate_tensor(Int32, cute.make_layout(E + 1), byte_alignment=16)
-        sBase = alloc.allocate_tensor(Int32, cute.make_layout(E + 1), byte_alignment=16)
-        sOffset = alloc.allocate_tensor(Int32, cute.make_layout(E + 1), byte_alignment=16)
-        sWarp = alloc.allocate_tensor(Int32, cute.make_layout(warps), byte_alignment=16)
+        alloc = SharedMemory(smem, f"moe_dispatch {variant.name}")
+        sCount = alloc.tensor(Int32, E + 1)
+        sBase = alloc.tensor(Int32, E + 1)
+        sOffset = alloc.tensor(Int32, E + 1)
+        sWarp = alloc.tensor(Int32, warps)
         for e in cutlass.range(tidx, E, threads):
             sCount[e] = Int32(0)
         cute.arch.sync_threads()
@@ -214,7 +210,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                                mPadStart: cute.Tensor):
         body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart)
 
-    cooperative = phase in ("decode", "route")
+    cooperative = variant.cooperative
     block = list(variant.block)
 
     if G:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 from cutlass import Float32, Int32, const_expr
 
-from ..archs import Arch
-from .device_utils import butterfly_sum, cutlass_dtype
-from .rms_norm import RmsNormConfig, vector_width
-from .spec import Variant
+from ...archs import Arch
+from ..device_utils import SharedMemory, butterfly_sum, cutlass_dtype
+from ..spec import Variant
+from .family import RmsNormConfig
 
 __all__ = ["host_function"]
 
@@ -21,7 +20,7 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
     warps = variant.constants["warps_per_row"]
     rows = variant.constants["rows_per_block"]
     per_thread = variant.constants["vecs_per_thread"]
-    vec = vector_width(config.dtype)
+    vec = variant.constants["vec"]
     vectors = config.hidden // vec
     row_threads = 32 * warps
     exact = vectors == row_threads * per_thread  # every thread's vectors are in the row
@@ -84,8 +83,8 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
 
         ss = butterfly_sum((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), 32)
         if const_expr(warps > 1):
-            smem = cutlass.memory.SmemAllocator()
-            sSum = smem.allocate_tensor(Float32, cute.make_layout((warps, rows)), byte_alignment=16)
+            smem = SharedMemory(smem_bytes, f"rms_norm {variant.name}")
+            sSum = smem.tensor(Float32, (warps, rows))
             warp = t // 32
             if t % 32 == 0:
                 sSum[warp, row_local] = ss

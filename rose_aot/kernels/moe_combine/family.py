@@ -1,0 +1,96 @@
+"""moe_combine: out[t] = sum over k of weights[t, k] * y[positions[t, k]].
+
+y [rows, hidden] holds the expert outputs in dispatch order (out of moe_dispatch, after the
+grouped GEMM); positions [tokens, top_k] come from moe_dispatch; weights [tokens, top_k] fp32.
+The sum runs in fp32 in the fixed order k = 0..top_k-1, so the result is bitwise identical from
+run to run whatever the order of rows inside an expert. A position outside [0, rows) (-1 for an
+expert of another rank under tensor parallelism) contributes nothing; under TP > 1 the partial
+outputs of the ranks are then summed by an all-reduce (a separate kernel).
+
+Work split as rms_norm's: a row of the output over whole warps, the arch's widest accesses;
+decode keeps one token per block with few vectors per thread, prefill several tokens per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...archs import Arch
+from ...errors import ConfigError
+from ..base import KernelFamily, choice
+from ..rowwise import access_bytes, row_align, row_plan, row_split, vector_width
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+
+__all__ = ["MoeCombineConfig", "MoeCombine"]
+
+# Bytes of a row each thread holds per k (counted in 128-bit units, see rms_norm).
+DECODE_BYTES_PER_THREAD = 2 * 16
+PREFILL_BYTES_PER_THREAD = 4 * 16
+PREFILL_WARPS = 4
+# Decode while the grid has at most this many warps per SM (rms_norm's measured rule).
+DECODE_WARPS_PER_SM = 32
+
+
+@dataclass(frozen=True)
+class MoeCombineConfig:
+    top_k: int
+    hidden: int
+    dtype: str = choice("bfloat16", "float16", default="bfloat16")
+
+
+class MoeCombine(KernelFamily):
+    name = "moe_combine"
+    Config = MoeCombineConfig
+    device_module = "rose_aot.kernels.moe_combine.device"
+
+    def validate(self, c: MoeCombineConfig) -> None:
+        if not 1 <= c.top_k <= 32:
+            raise ConfigError(self.name, "top_k", f"must be 1..32 (got {c.top_k})")
+        vec = vector_width(c.dtype, 16)
+        if not 0 < c.hidden <= 16384 or c.hidden % vec:
+            raise ConfigError(
+                self.name, "hidden", f"{c.hidden} is not supported; use a multiple of {vec} up to 16384"
+            )
+
+    def _access(self, c: MoeCombineConfig, arch: Arch) -> tuple[int, int]:
+        nbytes = access_bytes(arch, c.hidden * DTYPES[c.dtype].bits // 8)
+        return nbytes, vector_width(c.dtype, nbytes)
+
+    def args(self, c: MoeCombineConfig, arch: Arch) -> tuple[TensorArg, ...]:
+        tokens, rows = Dim("tokens"), Dim("rows")
+        nbytes, vec = self._access(c, arch)
+        align = row_align(c.dtype, vec, nbytes)
+        h, k = c.hidden, c.top_k
+        return (
+            TensorArg("y", c.dtype, (rows, h), (h, 1), align),
+            TensorArg("positions", "int32", (tokens, k), (k, 1), 4),
+            TensorArg("weights", "float32", (tokens, k), (k, 1), 4),
+            TensorArg("out", c.dtype, (tokens, h), (h, 1), align, "output"),
+        )
+
+    def variants(self, c: MoeCombineConfig, arch: Arch) -> tuple[Variant, ...]:
+        params = tuple(a.name for a in self.args(c, arch))
+        nbytes, vec = self._access(c, arch)
+        vectors = c.hidden // vec
+
+        def variant(name, warps, per_thread, rows):
+            constants = {
+                "rows_per_block": rows,
+                "warps_per_row": warps,
+                "vecs_per_thread": per_thread,
+                "vec": vec,
+                "decode_warps_per_sm": DECODE_WARPS_PER_SM,
+            }
+            return Variant(name, (32 * warps * rows, 1, 1), 0, params, constants)
+
+        decode = variant("decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1)
+        warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
+        prefill = variant("prefill", warps, per_thread, max(1, PREFILL_WARPS // warps))
+        return (decode, prefill)
+
+    def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
+        self.check_force(force)
+        decode = variants["decode"].constants
+        tokens = sizes["tokens"]
+        use_decode = tokens * decode["warps_per_row"] <= sm_count * decode["decode_warps_per_sm"]
+        return row_plan(variants, tokens, force, use_decode)

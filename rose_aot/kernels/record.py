@@ -1,0 +1,232 @@
+"""The kernel record: every launch fact of one compiled (point, arch), computed once.
+
+The compile worker builds a :class:`PointRecord` from the family's argument spec and variants
+plus what the compiler produced (entry names, resource usage, artifact digests), checks it
+against the PTX and the cubin, caches it with the artifacts and writes it into the bundle
+index. The loader reads it back with :meth:`PointRecord.from_json` and launches from it as is:
+argument checks from ``args``, packed parameters from each variant's ``params``, block, shared
+memory and launch attributes from the variant. Only what depends on runtime sizes (the grid,
+the decode/prefill choice, the device's SM count) is computed at launch, by the family's plan,
+which reads the records' constants.
+
+Plain Python; never imports cutlass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..bundle.cubin import read_cubin
+from .spec import Arg, ParamField, TensorArg, Variant, arg_from_json, param_align, param_fields, param_size
+
+__all__ = ["RECORD_VERSION", "ParamRecord", "VariantRecord", "PointRecord"]
+
+# Bumped whenever the meaning of a record field changes; a loader refuses other versions.
+RECORD_VERSION = 2
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    """One kernel parameter: which argument, its packed size and alignment, its C fields."""
+
+    name: str
+    size: int
+    align: int
+    fields: tuple[ParamField, ...]
+
+    @classmethod
+    def of(cls, arg: Arg) -> "ParamRecord":
+        return cls(arg.name, param_size(arg), param_align(arg), param_fields(arg))
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "align": self.align,
+            "fields": [f.to_json() for f in self.fields],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ParamRecord":
+        return cls(
+            str(data["name"]),
+            _int(data["size"]),
+            _int(data["align"]),
+            tuple(ParamField.from_json(f) for f in _list(data["fields"])),
+        )
+
+
+@dataclass(frozen=True)
+class VariantRecord:
+    """The launch facts of one compiled variant. Attributes mirror :class:`Variant` (block,
+    smem, cooperative, pdl, cluster, constants), so a family's plan reads either."""
+
+    name: str
+    entries: tuple[str, ...]  # kernel entry names, launch order
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    smem: int  # dynamic shared memory bytes the launch passes
+    cooperative: bool
+    pdl: bool
+    params: tuple[ParamRecord, ...]  # kernel order
+    constants: dict
+    resources: dict  # per entry: registers, static_smem, param_bytes (from the cubin)
+    cubin_sha256: str
+    ptx_sha256: str
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    def check_cubin(self, cubin: bytes) -> None:
+        """Raise ValueError unless the cubin holds this record's entries, compiled for its block
+        size, with its parameter sizes: an artifact stored under the wrong point or variant,
+        or a record out of date, never reaches the driver."""
+        facts = read_cubin(cubin)
+        sizes = [p.size for p in self.params]
+        for entry in self.entries:
+            got = facts.get(entry)
+            if got is None:
+                raise ValueError(f"the cubin has no kernel entry {entry[:60]}...")
+            for what, dims in (("reqntid", got.reqntid), ("maxntid", got.maxntid)):
+                if dims is not None and tuple(dims) != self.block:
+                    raise ValueError(
+                        f"the cubin's {what} is {tuple(dims)} but the record launches blocks of "
+                        f"{self.block}"
+                    )
+            if got.param_sizes != sizes:
+                raise ValueError(
+                    f"the cubin's parameter sizes are {got.param_sizes}, the record packs {sizes}"
+                )
+
+    @classmethod
+    def build(
+        cls,
+        variant: Variant,
+        args: dict[str, Arg],
+        entries: list[str],
+        resources: dict,
+        cubin_sha256: str,
+        ptx_sha256: str,
+    ) -> "VariantRecord":
+        return cls(
+            variant.name,
+            tuple(entries),
+            tuple(variant.block),
+            tuple(variant.cluster),
+            variant.smem,
+            variant.cooperative,
+            variant.pdl,
+            tuple(ParamRecord.of(args[p]) for p in variant.params),
+            dict(sorted(variant.constants.items())),
+            resources,
+            cubin_sha256,
+            ptx_sha256,
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "record_version": RECORD_VERSION,
+            "name": self.name,
+            "entries": list(self.entries),
+            "block": list(self.block),
+            "cluster": list(self.cluster),
+            "smem": self.smem,
+            "cooperative": self.cooperative,
+            "pdl": self.pdl,
+            "params": [p.to_json() for p in self.params],
+            "constants": dict(sorted(self.constants.items())),
+            "resources": self.resources,
+            "cubin_sha256": self.cubin_sha256,
+            "ptx_sha256": self.ptx_sha256,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "VariantRecord":
+        """Raises ValueError (unknown record version) or KeyError/TypeError (malformed)."""
+        version = data["record_version"]
+        if version != RECORD_VERSION:
+            raise ValueError(
+                f"record version {version!r}; this rose-aot reads version {RECORD_VERSION}"
+            )
+        constants = data["constants"]
+        resources = data["resources"]
+        if not isinstance(constants, dict) or not isinstance(resources, dict):
+            raise TypeError("constants and resources must be objects")
+        return cls(
+            str(data["name"]),
+            tuple(str(e) for e in _list(data["entries"])),
+            _dims(data["block"]),
+            _dims(data["cluster"]),
+            _int(data["smem"]),
+            _bool(data["cooperative"]),
+            _bool(data["pdl"]),
+            tuple(ParamRecord.from_json(p) for p in _list(data["params"])),
+            dict(constants),
+            dict(resources),
+            str(data["cubin_sha256"]),
+            str(data["ptx_sha256"]),
+        )
+
+
+@dataclass(frozen=True)
+class PointRecord:
+    """Everything the loader needs of one (point, arch): call arguments, workspace, variants."""
+
+    args: tuple[Arg, ...]  # call arguments, in the order a kernel handle takes them
+    workspace: tuple[TensorArg, ...]  # loader-owned scratch
+    variants: tuple[VariantRecord, ...]
+
+    def variant(self, name: str) -> VariantRecord:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    @property
+    def by_name(self) -> dict[str, VariantRecord]:
+        return {v.name: v for v in self.variants}
+
+    def to_json(self) -> dict:
+        return {
+            "args": [a.to_json() for a in self.args],
+            "workspace": [a.to_json() for a in self.workspace],
+            "variants": [v.to_json() for v in self.variants],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PointRecord":
+        workspace = tuple(arg_from_json(a) for a in _list(data["workspace"]))
+        if not all(isinstance(a, TensorArg) and a.role == "workspace" for a in workspace):
+            raise ValueError("workspace entries must be tensors with role 'workspace'")
+        return cls(
+            tuple(arg_from_json(a) for a in _list(data["args"])),
+            workspace,
+            tuple(VariantRecord.from_json(v) for v in _list(data["variants"])),
+        )
+
+
+def _list(value: Any) -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def _dims(value: Any) -> tuple[int, int, int]:
+    dims = tuple(_int(v) for v in _list(value))
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"expected three positive integers, got {value!r}")
+    return dims

@@ -1,0 +1,140 @@
+"""rms_norm: y = (w + weight_offset) * x * rsqrt(mean(x^2) + eps) over the hidden dimension.
+
+With ``fused_residual`` the kernel first forms r = x + residual (rounded to the input dtype),
+writes r back into ``residual`` and normalizes r: the usual pre-norm "add & norm" of a decoder
+layer in one pass over memory.
+
+Work split: a row is handled by a group of whole warps, each thread holding a few vectors of
+the row in registers (one pass over global memory; statistics in fp32). The sum of squares is a
+warp butterfly, then, for rows spread over several warps, one exchange through shared memory.
+Vectors are the arch's widest access the row allows (128-bit on sm_90a, 256-bit on sm_100a).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...archs import Arch
+from ...errors import ConfigError
+from ..base import KernelFamily, choice
+from ..rowwise import access_bytes, row_align, row_plan, row_split, vector_width
+from ..spec import DTYPES, Dim, TensorArg, Variant
+from . import tuning
+
+__all__ = ["RmsNormConfig", "RmsNorm"]
+
+_FLOATS = ("bfloat16", "float16", "float32")
+MAX_HIDDEN = 16384
+# Vectors per thread. Decode spreads a row over many threads so that the per-thread dependency
+# chain (square, sum, scale) is short: at one token the kernel is pure latency. Prefill keeps
+# more of the row per thread (8 x 16 B = 32 fp32 values in registers) so that a block covers
+# several rows and the grid stays a few waves deep. Counted in 128-bit units, so a 256-bit
+# arch holds the same bytes per thread.
+DECODE_BYTES_PER_THREAD = 2 * 16
+PREFILL_BYTES_PER_THREAD = 8 * 16
+
+
+@dataclass(frozen=True)
+class RmsNormConfig:
+    hidden: int
+    dtype: str = choice(*_FLOATS, default="bfloat16", doc="input (and residual) dtype")
+    out_dtype: str = choice(*_FLOATS, default="bfloat16", doc="output dtype (default: dtype)")
+    weight_dtype: str = choice(*_FLOATS, default="bfloat16", doc="weight dtype (default: dtype)")
+    eps: float = 1e-6
+    weight_offset: float = 0.0  # 1.0 for Gemma-style (1 + w) weights
+    fused_residual: bool = False
+    prefill_warps: int = choice(
+        0, 4, 8, 16, 32, default=0, doc="warps per prefill block; 0 = measured default (tuning.py)"
+    )
+
+
+class RmsNorm(KernelFamily):
+    name = "rms_norm"
+    Config = RmsNormConfig
+    device_module = "rose_aot.kernels.rms_norm.device"
+    shape_fields = ("hidden",)
+
+    def make_config(self, **values):
+        dtype = values.get("dtype", "bfloat16")
+        values.setdefault("out_dtype", dtype)
+        values.setdefault("weight_dtype", dtype)
+        return super().make_config(**values)
+
+    def validate(self, c: RmsNormConfig) -> None:
+        vec = max(vector_width(c.dtype, 16), vector_width(c.out_dtype, 16))
+        if not 0 < c.hidden <= MAX_HIDDEN or c.hidden % vec:
+            raise ConfigError(
+                self.name,
+                "hidden",
+                f"{c.hidden} is not supported; use a multiple of {vec} up to {MAX_HIDDEN}",
+            )
+        if c.eps <= 0:
+            raise ConfigError(self.name, "eps", f"must be > 0 (got {c.eps})")
+        if c.fused_residual and c.out_dtype != c.dtype:
+            raise ConfigError(
+                self.name, "out_dtype", "fused_residual needs out_dtype equal to dtype"
+            )
+
+    def _access(self, c: RmsNormConfig, arch: Arch) -> tuple[int, int]:
+        """(bytes per access, elements per vector), the vector counted in the input dtype."""
+        nbytes = access_bytes(
+            arch, *(c.hidden * DTYPES[d].bits // 8 for d in (c.dtype, c.out_dtype, c.weight_dtype))
+        )
+        return nbytes, vector_width(c.dtype, nbytes)
+
+    def args(self, c: RmsNormConfig, arch: Arch) -> tuple[TensorArg, ...]:
+        tokens = Dim("tokens")
+        nbytes, vec = self._access(c, arch)
+
+        def rows(name, dtype, role):
+            # Rows may be strided (e.g. a slice of a wider buffer); elements are contiguous.
+            stride = Dim(f"{name}_row_stride", width=64, divisibility=vec)
+            align = row_align(dtype, vec, nbytes)
+            return TensorArg(name, dtype, (tokens, c.hidden), (stride, 1), align, role)
+
+        weight = TensorArg(
+            "weight", c.weight_dtype, (c.hidden,), (1,), row_align(c.weight_dtype, vec, nbytes)
+        )
+        if c.fused_residual:
+            return (
+                rows("x", c.dtype, "input"),
+                rows("residual", c.dtype, "inout"),
+                weight,
+                rows("out", c.out_dtype, "output"),
+            )
+        return (rows("x", c.dtype, "input"), weight, rows("out", c.out_dtype, "output"))
+
+    def variants(self, c: RmsNormConfig, arch: Arch) -> tuple[Variant, ...]:
+        params = tuple(a.name for a in self.args(c, arch))
+        nbytes, vec = self._access(c, arch)
+        vectors = c.hidden // vec
+
+        def variant(name, warps, per_thread, rows):
+            threads = 32 * warps * rows
+            smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
+            constants = {
+                "rows_per_block": rows,
+                "warps_per_row": warps,
+                "vecs_per_thread": per_thread,
+                "vec": vec,
+                "decode_row_warps": tuning.DECODE_ROW_WARPS,
+                "decode_warps_per_sm": tuning.DECODE_WARPS_PER_SM,
+            }
+            return Variant(name, (threads, 1, 1), smem, params, constants)
+
+        decode = variant("decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1)
+        warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
+        block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
+        prefill = variant("prefill", warps, per_thread, max(1, block_warps // warps))
+        return (decode, prefill)
+
+    def plan(self, c, variants, sizes, sm_count, force=None):
+        self.check_force(force)
+        tokens = sizes["tokens"]
+        decode = variants["decode"].constants
+        row_warps = decode["warps_per_row"]
+        use_decode = (  # measured rule, see tuning.py
+            row_warps <= decode["decode_row_warps"]
+            or tokens * row_warps <= sm_count * decode["decode_warps_per_sm"]
+        )
+        return row_plan(variants, tokens, force, use_decode)
