@@ -189,6 +189,19 @@ class KernelFamily:
         module = importlib.import_module(type(self).__module__.rsplit(".", 1)[0] + ".reference")
         module.reference(config, *tensors)
 
+    def derive(self, model) -> list:
+        """The family's [[kernel]] entries for a model (``manifest from-config``): its folder's
+        ``derive`` module, given :class:`rose_aot.manifest.model.ModelFacts`; none if the family
+        has no such module."""
+        package = type(self).__module__.rsplit(".", 1)[0]
+        try:
+            module = importlib.import_module(package + ".derive")
+        except ModuleNotFoundError as exc:
+            if exc.name != package + ".derive":
+                raise
+            return []
+        return module.derive(model)
+
     # --- provenance ---------------------------------------------------------------------------
     def source_files(self) -> list[Path]:
         """Files whose content can change generated code or launch facts: the whole kernels

@@ -33,7 +33,8 @@ from typing import Any
 from ..archs import DEFAULT_ARCHS, get_arch
 from ..bundle.format import MAGIC as BUNDLE_MAGIC
 from ..errors import ConfigError, ManifestError
-from ..kernels import get_family
+from ..kernels import FAMILIES, get_family
+from .model import KernelEntry, ModelFacts, MoeFacts
 from .schema import Manifest, parse_manifest
 
 __all__ = [
@@ -150,44 +151,6 @@ class _View:
 
 
 # --- what a model needs -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MoeFacts:
-    """The MoE layers of a model, as the moe_dispatch / moe_combine points will need them."""
-
-    num_experts: int  # routed experts
-    top_k: int  # experts per token
-    hidden: int  # token width dispatched to the experts
-    intermediate_size: int  # one expert's FFN width
-    shared_experts: int  # always-on experts beside the routed ones
-    moe_layers: int  # decoder layers with an MoE block
-    scoring: str  # router score: "softmax" or "sigmoid"
-    renormalize: bool  # top-k weights renormalized to sum to 1
-    tp: int  # tensor-parallel ranks; each holds experts_per_rank experts
-    experts_per_rank: int
-    expert_groups: int = 1  # group-limited routing (DeepSeek n_group / topk_group)
-    topk_groups: int = 1
-    routed_scaling_factor: float = 1.0
-    # float8 block quantization of the activations (DeepSeek-V3's quantization_config): the
-    # tokens are dispatched in float8 with one fp32 scale per this many elements; 0 = none.
-    fp8_block: int = 0
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class KernelEntry:
-    """One [[kernel]] entry: a family, its fields in write order (a list value expands)."""
-
-    family: str
-    fields: tuple[tuple[str, Any], ...]
-    comment: str = ""
-    sources: tuple[tuple[str, str], ...] = ()  # kernel field -> config.json field it comes from
-
-    def to_json(self) -> dict:
-        return {"family": self.family, **{k: v for k, v in self.fields}}
-
-
 @dataclass(frozen=True)
 class _Model:
     hidden: int
@@ -507,46 +470,9 @@ class DerivedManifest:
 
 
 def moe_kernel_entries(moe: MoeFacts, dtype: str) -> list[KernelEntry]:
-    """The [[kernel]] entries of a model's MoE layers: the one place MoE points come from.
-
-    moe_dispatch over the routed experts and moe_combine of their outputs. Under tensor
-    parallelism every rank dispatches to its own expert range, so the entry lists one
-    expert_start per rank (one point each) with local_experts experts each."""
-    dispatch = [
-        ("num_experts", moe.num_experts),
-        ("top_k", moe.top_k),
-        ("hidden", moe.hidden),
-        ("dtype", dtype),
-    ]
-    comment = "token dispatch to the routed experts, grouped by expert"
-    if moe.tp > 1:
-        dispatch += [
-            ("expert_start", [r * moe.experts_per_rank for r in range(moe.tp)]),
-            ("local_experts", moe.experts_per_rank),
-        ]
-        comment += f" (the experts of each of {moe.tp} tensor-parallel ranks)"
-    entries = [
-        KernelEntry("moe_dispatch", tuple(dispatch), comment + ".", (("hidden", "hidden_size"),))
-    ]
-    if moe.fp8_block:
-        fp8 = [(k, "float8_e4m3fn" if k == "dtype" else v) for k, v in dispatch]
-        entries.append(
-            KernelEntry(
-                "moe_dispatch",
-                (*fp8, ("scale_group", moe.fp8_block)),
-                f"the same dispatch of float8 tokens with one fp32 scale per {moe.fp8_block} "
-                "elements (quantization_config.weight_block_size).",
-                (("hidden", "hidden_size"), ("scale_group", "quantization_config")),
-            )
-        )
-    return entries + [
-        KernelEntry(
-            "moe_combine",
-            (("top_k", moe.top_k), ("hidden", moe.hidden), ("dtype", dtype)),
-            "weighted sum of each token's expert outputs, in a fixed order.",
-            (("hidden", "hidden_size"),),
-        ),
-    ]
+    """The [[kernel]] entries of a model's MoE layers (the MoE families' own derivations)."""
+    model = ModelFacts(hidden=moe.hidden, eps=1e-6, dtype=dtype, tp=moe.tp, moe=moe)
+    return [e for name in ("moe_dispatch", "moe_combine") for e in FAMILIES[name].derive(model)]
 
 
 def derive_manifest(
@@ -588,56 +514,7 @@ def derive_manifest(
     view = _View(data, label, architecture, prefix)
     model = reader(view)
 
-    offset = (("weight_offset", model.weight_offset),) if model.weight_offset else ()
-    eps_source = ("eps", "rms_norm_eps")
-    entries = [
-        KernelEntry(
-            "rms_norm",
-            (
-                ("hidden", model.hidden),
-                ("dtype", dtype),
-                ("eps", model.eps),
-                *offset,
-                ("fused_residual", [False, True]),
-            ),
-            model.norm_comment + "; the fused form adds the residual first.",
-            (("hidden", "hidden_size"), eps_source),
-        )
-    ]
-    for width, source, comment in model.extra_norms:
-        entries.append(
-            KernelEntry(
-                "rms_norm",
-                (("hidden", width), ("dtype", dtype), ("eps", model.eps)),
-                comment + ".",
-                (("hidden", source), eps_source),
-            )
-        )
-    if model.qk_heads is not None:
-        q, kv, head_dim = _heads_per_rank(view, model.qk_heads, tp)
-        entries.append(
-            KernelEntry(
-                "qk_norm",
-                (
-                    ("num_q_heads", q),
-                    ("num_k_heads", kv),
-                    ("head_dim", head_dim),
-                    ("dtype", dtype),
-                    ("eps", model.eps),
-                    *offset,
-                ),
-                "q_norm / k_norm over each head"
-                + (f" (the heads of one of {tp} tensor-parallel ranks)" if tp > 1 else "")
-                + ".",
-                (
-                    ("num_q_heads", "num_attention_heads"),
-                    ("num_k_heads", "num_key_value_heads"),
-                    ("head_dim", "head_dim"),
-                    eps_source,
-                ),
-            )
-        )
-
+    qk_heads = _heads_per_rank(view, model.qk_heads, tp) if model.qk_heads is not None else None
     moe = None
     if model.moe is not None:
         experts = model.moe["num_experts"]
@@ -648,7 +525,19 @@ def derive_manifest(
                 f"divides {experts}",
             )
         moe = MoeFacts(**model.moe, tp=tp, experts_per_rank=experts // tp)
-        entries += moe_kernel_entries(moe, dtype)
+    facts = ModelFacts(
+        hidden=model.hidden,
+        eps=model.eps,
+        dtype=dtype,
+        tp=tp,
+        weight_offset=model.weight_offset,
+        norm_comment=model.norm_comment,
+        extra_norms=model.extra_norms,
+        qk_heads=qk_heads,
+        moe=moe,
+    )
+    # Each registered family derives its own points (its folder's derive module).
+    entries = [entry for family in FAMILIES.values() for entry in family.derive(facts)]
 
     parts = ["decoder RMSNorms (plain and fused add)"]
     if model.extra_norms:
