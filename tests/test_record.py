@@ -1,0 +1,254 @@
+"""The kernel record: built once, bound to its artifacts, never stale (issue: one trusted record).
+
+Real builds in subprocesses and in-process, real cubins; nothing is mocked. Scenarios:
+- a tuning knob changes between two builds sharing a cache: a cache miss, and the cached
+  rebuild equals a clean build byte for byte;
+- a valid cache entry copied under another point's key: refused (warned), recompiled;
+- two variants' cubins swapped in a bundle (digests recomputed): refused by open and verify;
+- records round-trip through JSON and the loader launches from them unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures_tiny import rewrite_bundle
+
+REPO = Path(__file__).resolve().parent.parent
+
+ONE_POINT = """\
+[deployment]
+name = "one"
+
+[[kernel]]
+family = "rms_norm"
+hidden = 4096
+eps = {eps}
+"""
+
+
+def _build_in(package_root: Path, manifest: Path, output: Path, cache: Path) -> dict:
+    """`rose-aot build --json` with rose_aot imported from `package_root` (a copy we may edit)."""
+    env = {**os.environ, "PYTHONPATH": str(package_root)}
+    code = "import sys; from rose_aot.cli import main; sys.argv[0] = 'rose-aot'; main()"
+    cmd = [sys.executable, "-c", code, "build", str(manifest), "-o", str(output),
+           "--cache-dir", str(cache), "-j", "1", "--json"]
+    done = subprocess.run(cmd, env=env, cwd=package_root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _prefill_block(bundle: Path) -> list[int]:
+    from rose_aot.bundle import BundleReader
+
+    (point,) = BundleReader.open(bundle).index["points"]
+    return next(v["block"] for v in point["variants"] if v["name"] == "prefill")
+
+
+def test_changed_tuning_is_a_cache_miss_and_equals_a_clean_build(tmp_path):
+    copy = tmp_path / "src"
+    shutil.copytree(REPO / "rose_aot", copy / "rose_aot", ignore=shutil.ignore_patterns("__pycache__"))
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(ONE_POINT.format(eps="1e-6"))
+    cache = tmp_path / "cache"
+
+    first = _build_in(copy, manifest, tmp_path / "a.rosebundle", cache)
+    assert (first["compiled"], first["cached"]) == (1, 0)
+    assert _prefill_block(tmp_path / "a.rosebundle") == [128, 1, 1]  # 4 warps measured
+
+    tuning = copy / "rose_aot" / "kernels" / "rms_norm" / "tuning.py"
+    text = tuning.read_text()
+    assert 'PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}' in text
+    tuning.write_text(text.replace('{"sm_90a": 4}', '{"sm_90a": 8}'))
+
+    second = _build_in(copy, manifest, tmp_path / "b.rosebundle", cache)
+    assert (second["compiled"], second["cached"]) == (1, 0), "a stale cache entry was used"
+    assert _prefill_block(tmp_path / "b.rosebundle") == [256, 1, 1]
+
+    clean = _build_in(copy, manifest, tmp_path / "c.rosebundle", tmp_path / "empty-cache")
+    assert clean["compiled"] == 1
+    assert (tmp_path / "b.rosebundle").read_bytes() == (tmp_path / "c.rosebundle").read_bytes()
+
+    # The bundle's record and its cubin agree: the prefill cubin was compiled for 256 threads.
+    from rose_aot.loader import open_bundle
+
+    bundle = open_bundle(tmp_path / "b.rosebundle")
+    (key,) = bundle.points()
+    assert bundle.record(key, "sm_90a").variant("prefill").block == (256, 1, 1)
+
+
+def test_cache_entry_copied_under_another_key_is_a_miss(tmp_path):
+    from rose_aot.builder.build import ArtifactCache, BuildPlan, CacheWarning, build_bundle
+    from rose_aot.manifest import load_manifest
+
+    paths = {}
+    for eps in ("1e-6", "1e-5"):
+        paths[eps] = tmp_path / f"eps{eps}.toml"
+        paths[eps].write_text(ONE_POINT.format(eps=eps))
+    cache = ArtifactCache(tmp_path / "cache")
+    manifests = {eps: [load_manifest(p)] for eps, p in paths.items()}
+    for eps in paths:
+        build_bundle(manifests[eps], tmp_path / f"{eps}.rosebundle", cache=cache)
+    clean = (tmp_path / "1e-6.rosebundle").read_bytes()
+
+    plan6 = BuildPlan.from_manifests(manifests["1e-6"])
+    plan5 = BuildPlan.from_manifests(manifests["1e-5"])
+    key6, key5 = plan6.cache_key(plan6.items[0]), plan5.cache_key(plan5.items[0])
+    assert key6 != key5
+    shutil.copyfile(cache._path(key5), cache._path(key6))  # eps=1e-5 code under eps=1e-6's key
+
+    with pytest.warns(CacheWarning, match="written for key"):
+        summary = build_bundle(manifests["1e-6"], tmp_path / "again.rosebundle", cache=cache)
+    assert (summary.compiled, summary.cached) == (1, 0)
+    assert (tmp_path / "again.rosebundle").read_bytes() == clean
+    # The miss rewrote the entry: the next build takes it from the cache again.
+    summary = build_bundle(manifests["1e-6"], tmp_path / "third.rosebundle", cache=cache)
+    assert (summary.compiled, summary.cached) == (0, 1)
+
+
+def test_cache_entry_with_artifacts_of_another_variant_is_a_miss(tmp_path, tiny_build):
+    """An entry whose own key matches but whose cubins do not match its record."""
+    from rose_aot.builder.build import ArtifactCache, BuildPlan, CacheWarning, compile_items
+    from rose_aot.manifest import load_manifest
+
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(tiny_build.cache_dir, cache_dir)
+    cache = ArtifactCache(cache_dir)
+    plan = BuildPlan.from_manifests([load_manifest(tiny_build.manifest)])
+    item = next(i for i in plan.items if i.family == "rms_norm" and i.arch == "sm_90a")
+    path = cache._path(plan.cache_key(item))
+    rewrite_bundle(path, path, edit_blobs=lambda b: b.update(
+        {"decode.cubin": b["prefill.cubin"], "prefill.cubin": b["decode.cubin"]}))
+    with pytest.warns(CacheWarning, match="not the one its record names"):
+        assert cache.get(plan.cache_key(item), item) is None
+    with pytest.warns(CacheWarning):
+        results = compile_items(plan, [item], cache=cache)
+    assert not results[item].cached
+
+
+def _swap(index: dict, fields: tuple[str, ...]) -> None:
+    point = next(p for p in index["points"] if p["family"] == "rms_norm" and p["arch"] == "sm_90a")
+    decode, prefill = (next(v for v in point["variants"] if v["name"] == n) for n in ("decode", "prefill"))
+    assert decode["block"] != prefill["block"]
+    for f in fields:
+        decode[f], prefill[f] = prefill[f], decode[f]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [("cubin",), ("cubin", "cubin_sha256")],
+    ids=["blob-names", "blob-names-and-record-digests"],
+)
+def test_swapped_variant_cubins_are_refused(tmp_path, tiny_build, fields):
+    """Swap the decode and prefill cubins of one point in the index, digests recomputed (the
+    file is rewritten through write_bundle): open_bundle and `rose-aot verify` refuse it."""
+    from click.testing import CliRunner
+
+    from rose_aot.cli import main
+    from rose_aot.errors import BundleError
+    from rose_aot.loader import open_bundle
+
+    bad = rewrite_bundle(tiny_build.path, tmp_path / "swapped.rosebundle",
+                         edit_index=lambda index: _swap(index, fields))
+    with pytest.raises(BundleError, match=r"rms_norm\(hidden=1024.* on sm_90a: .*variant (decode|prefill)"):
+        open_bundle(bad)
+    result = CliRunner().invoke(main, ["verify", str(bad)])
+    assert result.exit_code == 1
+    assert "does not match its record" in result.output or "not the artifact" in result.output
+
+
+def test_swapped_blob_contents_are_refused(tmp_path, tiny_build):
+    """The same swap done in the blobs, keeping the index's names: the record's digests catch it."""
+    from rose_aot.errors import BundleError
+    from rose_aot.loader import open_bundle
+
+    def swap(blobs):
+        names = [n for n in blobs if n.startswith("rms_norm(hidden=1024") and "@sm_90a/" in n
+                 and "fused_residual=false" in n and n.endswith(".cubin")]
+        a, b = sorted(names)
+        blobs[a], blobs[b] = blobs[b], blobs[a]
+
+    bad = rewrite_bundle(tiny_build.path, tmp_path / "swapped.rosebundle", edit_blobs=swap)
+    with pytest.raises(BundleError, match="not the artifact its record was compiled with"):
+        open_bundle(bad)
+
+
+def test_record_of_another_version_is_refused(tmp_path, tiny_build):
+    from rose_aot.errors import BundleError
+    from rose_aot.loader import open_bundle
+
+    def bump(index):
+        index["points"][0]["variants"][0]["record_version"] = 999
+
+    bad = rewrite_bundle(tiny_build.path, tmp_path / "v999.rosebundle", edit_index=bump)
+    with pytest.raises(BundleError, match="record version 999"):
+        open_bundle(bad)
+
+
+def test_record_the_plan_cannot_read_is_refused(tmp_path, tiny_build):
+    """A record without a constant the family's plan reads is not understood: refused at open,
+    not at the first launch."""
+    from rose_aot.errors import BundleError
+    from rose_aot.loader import open_bundle
+
+    def drop(index):
+        point = next(p for p in index["points"] if p["family"] == "rms_norm")
+        del point["variants"][0]["constants"]["rows_per_block"]
+
+    bad = rewrite_bundle(tiny_build.path, tmp_path / "nodecode.rosebundle", edit_index=drop)
+    with pytest.raises(BundleError, match="launch plan does not understand the record"):
+        open_bundle(bad)
+
+
+def test_loader_packs_from_the_record_not_from_the_family(tiny_build):
+    """The packer lays parameters out as the record's fields say: moving a field in the record
+    moves it in the packed bytes (nothing is recomputed from the family's spec)."""
+    import dataclasses
+    import struct
+
+    from rose_aot.loader import open_bundle
+    from rose_aot.loader.args import ParamPacker
+
+    bundle = open_bundle(tiny_build.path)
+    key = next(k for k in bundle.points() if k.startswith("rms_norm") and "fused_residual=false" in k)
+    record = bundle.record(key, "sm_90a")
+    positions = {a.name: i for i, a in enumerate(record.args)}
+    x = record.variant("decode").params[0]
+    assert [f.kind for f in x.fields] == ["ptr", "extent", "stride"]
+    packer = ParamPacker(positions, (x,))
+    packer.pack(packer.fast_values([(7, 1024)], [(2048, 1)], [0x1000]))
+    assert struct.unpack_from("<Qiiq", bytes(packer.buffer)) == (0x1000, 7, 0, 2048)
+
+    ptr, extent, stride = x.fields
+    moved = dataclasses.replace(x, fields=(ptr, dataclasses.replace(stride, offset=8),
+                                           dataclasses.replace(extent, offset=16)))
+    packer = ParamPacker(positions, (moved,))
+    packer.pack(packer.fast_values([(7, 1024)], [(2048, 1)], [0x1000]))
+    assert struct.unpack_from("<Qqi", bytes(packer.buffer)) == (0x1000, 2048, 7)
+
+
+def test_record_json_round_trip_and_cubin_binding(tiny_build):
+    from rose_aot.bundle import BundleReader
+    from rose_aot.kernels.record import PointRecord
+
+    reader = BundleReader.open(tiny_build.path)
+    for point in reader.index["points"]:
+        record = PointRecord.from_json(point)
+        again = PointRecord.from_json(json.loads(json.dumps(record.to_json())))
+        assert again == record
+        blocks = {v.name: v.block for v in record.variants}
+        for raw, v in zip(point["variants"], record.variants):
+            cubin = reader.blob(raw["cubin"])
+            v.check_cubin(cubin)
+            assert all(r["registers"] and r["registers"] > 0 for r in v.resources.values())
+            for other, raw_other in zip(record.variants, point["variants"]):
+                if blocks[other.name] != v.block:
+                    with pytest.raises(ValueError, match="reqntid"):
+                        v.check_cubin(reader.blob(raw_other["cubin"]))
