@@ -1,10 +1,10 @@
 """One conformance suite for every registered kernel family: a family is tested by being
 registered (rose_aot/kernels/__init__.py) and having a point in a manifest.
 
-CPU parts here: key stability, every config field in the point key and the cache key, the
-record checked against the PTX and the cubin for each arch, the plan launching only recorded
-variants with valid grids from the record alone. The GPU part (reference vs kernel at edge
-sizes) is tests/gpu/test_conformance_gpu.py.
+Here (CPU): key stability, every config field in the point key and the cache key, the record
+checked against the PTX and the cubin for each arch, the plan launching only recorded variants
+with valid grids from the record alone, the family folder complete. Reference vs kernel on the
+GPU at edge sizes is per family in tests/gpu/ (it needs family-specific inputs).
 """
 
 from __future__ import annotations
