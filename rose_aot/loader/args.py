@@ -135,9 +135,10 @@ class ArgBinder:
     def signature(self) -> str:
         return f"{self.owner}({', '.join(a.name for a in self.args)})"
 
-    def bind(self, values: tuple) -> tuple[dict[str, int], list, int]:
+    def bind(self, values: tuple, meta: bool = False) -> tuple[dict[str, int], list, int]:
         """Returns (dynamic dim values by name, per argument its data pointer or scalar value,
-        CUDA device index); raises ArgumentError naming the argument and the numbers."""
+        CUDA device index); raises ArgumentError naming the argument and the numbers.
+        `meta`: fake or meta tensors; no pointer, alignment or device checks (returns device -1)."""
         import torch
 
         if len(values) != len(self.args):
@@ -153,7 +154,8 @@ class ArgBinder:
             if isinstance(spec, ScalarArg):
                 out.append(self._bind_scalar(spec, value, where))
                 continue
-            out.append(value.data_ptr() if isinstance(value, torch.Tensor) else None)
+            is_tensor = isinstance(value, torch.Tensor)
+            out.append(value.data_ptr() if is_tensor and not meta else None)
             if not isinstance(value, torch.Tensor):
                 raise ArgumentError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
             if value.dtype != self._dtypes[spec.name]:
@@ -192,12 +194,16 @@ class ArgBinder:
                         f"{where} must have strides {self._stride_text(spec)}, got {tuple(strides)}"
                         f"; pass a tensor with this layout (e.g. .contiguous())"
                     )
+            if meta:
+                continue
             if value.data_ptr() % spec.align:
                 raise ArgumentError(
                     f"{where}: data pointer 0x{value.data_ptr():x} is not {spec.align}-byte "
                     f"aligned; slice at a multiple of {spec.align // value.element_size()} elements"
                 )
             devices.append((where, value.device))
+        if meta:
+            return dims, out, -1
         # Checked after every argument's other checks, so that those also run on CPU tensors.
         for where, dev in devices:
             if dev.type != "cuda":

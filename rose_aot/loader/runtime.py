@@ -64,6 +64,7 @@ class KernelBundle:
         self._device_kernels: dict[tuple[int, str, str, str], list] = {}
         self._device_arch: dict[int, str] = {}
         self._sm_counts: dict[int, int] = {}
+        self._handles: dict[str, KernelHandle] = {}
         self._lock = threading.Lock()
 
     # --- the record: read, bound to its artifacts, understood by this rose-aot ----------------
@@ -135,6 +136,24 @@ class KernelBundle:
         if not any(k == key for k, _ in self._points):
             raise KernelNotFoundError(key, self._nearest(fam, cfg))
         return KernelHandle(self, fam, cfg)
+
+    def handle(self, key: str) -> "KernelHandle":
+        """The handle of a point by its key (as `points()` lists them)."""
+        if key not in self._handles:
+            archs = [a for k, a in self._points if k == key]
+            if not archs:
+                raise KernelNotFoundError(key, [])
+            point = self._points[(key, archs[0])]
+            self._handles[key] = self.kernel(point["family"], **point["config"])
+        return self._handles[key]
+
+    def record_args(self, key: str) -> tuple:
+        """The call arguments of a point, from its record (the same on every arch but for
+        alignment)."""
+        for (k, _arch), record in self._records.items():
+            if k == key:
+                return record.args
+        raise KernelNotFoundError(key, [])
 
     def _nearest(self, family, config, limit: int = 3) -> list[str]:
         mine = dataclasses.asdict(config)
@@ -359,6 +378,17 @@ class KernelHandle:
         if device >= 0:
             return self._state(device)[1]
         return self._any_binder
+
+    def check_meta(self, args) -> None:
+        """Check dtypes, shapes and strides as a launch would, touching no memory and no
+        device (fake and meta tensors: torch.compile's fake implementation)."""
+        first = args[0] if args else None
+        device = getattr(first, "device", None)
+        if device is not None and device.type == "cuda":
+            binder = self._state(device.index or 0)[1]
+        else:
+            binder = self._any_binder
+        binder.bind(tuple(args), meta=True)
 
     def plan(self, *args, variant: str | None = None):
         """The launches a call with these arguments would issue (nothing is launched)."""

@@ -1,0 +1,127 @@
+"""Warmup cost per shipped model: rose-aot bundle vs the CuTeDSL JIT path for the same points.
+
+Two halves, because the two paths run on different machines (exactly the production split):
+
+  # build machine (CPU, CuTeDSL installed): per-model bundles, their build reports (compile
+  # seconds per point), and the DSL's import time, measured in fresh processes
+  python benchmarks/warmup.py build-side build/models manifests/*.toml
+
+  # GPU machine (no CuTeDSL): per model, in fresh processes: import rose_aot (torch already
+  # imported, as in a serving engine), open + verify the bundle, preload every kernel
+  python benchmarks/warmup.py gpu-side build/models
+
+The GPU side prints a markdown table and writes warmup.json to $OUT (or benchmarks/results):
+medians of 5 cold processes; the JIT column is the DSL import plus the compile seconds of the
+model's sm_90a points from its build report (what a replica pays at every start without AOT).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPEATS = 5
+
+_GPU_PROBE = r"""
+import json, sys, time
+import torch
+torch.cuda.init()
+t0 = time.perf_counter()
+import rose_aot
+t1 = time.perf_counter()
+bundle = rose_aot.open_bundle(sys.argv[1])
+t2 = time.perf_counter()
+kernels = bundle.preload(0)
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+assert "cutlass" not in sys.modules
+print(json.dumps({"import_ms": (t1 - t0) * 1e3, "open_verify_ms": (t2 - t1) * 1e3,
+                  "preload_ms": (t3 - t2) * 1e3, "kernels": kernels}))
+"""
+
+_DSL_IMPORT_PROBE = r"""
+import time
+t0 = time.perf_counter()
+import cutlass.cute
+print((time.perf_counter() - t0) * 1e3)
+"""
+
+
+def build_side(out_dir: Path, manifests: list[str]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for manifest in manifests:
+        name = Path(manifest).stem
+        subprocess.run(
+            ["rose-aot", "build", manifest, "--arch", "sm_90a", "-o",
+             str(out_dir / f"{name}.rosebundle"), "-q"],
+            check=True,
+        )
+    samples = [
+        float(subprocess.run([sys.executable, "-c", _DSL_IMPORT_PROBE], check=True,
+                             capture_output=True, text=True).stdout)
+        for _ in range(REPEATS)
+    ]
+    info = {"dsl_import_ms": statistics.median(samples), "samples_ms": samples,
+            "machine": "build machine (CPU)", "date": time.strftime("%Y-%m-%d")}
+    (out_dir / "dsl-import.json").write_text(json.dumps(info, indent=2))
+    print(f"DSL import: {info['dsl_import_ms']:.0f} ms (median of {REPEATS})")
+
+
+def gpu_side(models_dir: Path) -> None:
+    dsl = json.loads((models_dir / "dsl-import.json").read_text())["dsl_import_ms"]
+    rows = []
+    for bundle in sorted(models_dir.glob("*.rosebundle")):
+        report = json.loads(Path(str(bundle) + ".report.json").read_text())
+        compile_ms = 1e3 * sum(
+            v["compile_seconds"] for item in report["items"] for v in item["variants"]
+            if item["arch"] == "sm_90a"
+        )
+        runs = []
+        for _ in range(REPEATS):
+            done = subprocess.run([sys.executable, "-c", _GPU_PROBE, str(bundle)], check=True,
+                                  capture_output=True, text=True)
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        med = {k: statistics.median(r[k] for r in runs) for k in ("import_ms", "open_verify_ms", "preload_ms")}
+        aot_ms = med["open_verify_ms"] + med["preload_ms"]
+        jit_ms = dsl + compile_ms
+        rows.append({
+            "model": bundle.stem,
+            "points": len(report["items"]),
+            "kernels": runs[0]["kernels"],
+            **{k: round(v, 2) for k, v in med.items()},
+            "aot_after_import_ms": round(aot_ms, 2),
+            "jit_ms": round(jit_ms, 1),
+            "speedup": round(jit_ms / aot_ms, 1),
+        })
+    out = Path(os.environ.get("OUT", "benchmarks/results"))
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    doc = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0),
+           "torch": torch.__version__, "dsl_import_ms": dsl, "repeats": REPEATS, "rows": rows}
+    (out / "warmup.json").write_text(json.dumps(doc, indent=2))
+    print("| model | points | kernels | import rose_aot ms | open + verify ms | preload ms | "
+          "AOT after import ms | JIT (DSL import + compile) ms | x faster |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['points']} | {r['kernels']} | {r['import_ms']:.1f} | "
+              f"{r['open_verify_ms']:.2f} | {r['preload_ms']:.2f} | {r['aot_after_import_ms']:.2f} | "
+              f"{r['jit_ms']:.0f} | {r['speedup']:.0f} |")
+
+
+def main() -> None:
+    if len(sys.argv) >= 3 and sys.argv[1] == "build-side":
+        build_side(Path(sys.argv[2]), sys.argv[3:])
+    elif len(sys.argv) == 3 and sys.argv[1] == "gpu-side":
+        gpu_side(Path(sys.argv[2]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

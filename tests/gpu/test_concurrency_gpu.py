@@ -1,0 +1,97 @@
+"""One opened bundle used from several threads and streams at once, and on every visible GPU
+(each device gets its own arch, SM count, modules and workspaces)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from rose_aot import open_bundle
+
+pytestmark = pytest.mark.gpu
+
+H = 2048
+
+
+@pytest.fixture(scope="module")
+def bundle(shipped_bundle_path):
+    return open_bundle(shipped_bundle_path)
+
+
+def _expected(handle, x, res, w):
+    xc, rc, wc = x.cpu(), res.cpu(), w.cpu()
+    out = xc.clone()
+    handle.family.reference(handle.config, xc, rc, wc, out)
+    return out, rc
+
+
+def test_eight_threads_on_their_own_streams(bundle):
+    """8 threads x 200 launches each, fused add + norm (writes two tensors) and MoE dispatch +
+    combine (workspaces per stream), all concurrently; every result checked."""
+    import torch
+
+    norm = bundle.kernel("rms_norm", hidden=H, eps=1e-6, fused_residual=True)
+    dispatch = bundle.kernel("moe_dispatch", num_experts=128, top_k=8, hidden=H)
+    combine = bundle.kernel("moe_combine", top_k=8, hidden=H)
+    errors: list = []
+    barrier = threading.Barrier(8)
+
+    def worker(i):
+        try:
+            gen = torch.Generator(device="cuda").manual_seed(i)
+            stream = torch.cuda.Stream()
+            tokens = 1 + 37 * i
+            with torch.cuda.stream(stream):
+                x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+                res = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+                w = torch.rand(H, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
+                ids = torch.argsort(torch.rand(tokens, 128, device="cuda", generator=gen), 1)[:, :8]
+                ids = ids.int()
+                topw = torch.ones(tokens, 8, device="cuda") / 8
+                barrier.wait()
+                for _ in range(200):
+                    r = res.clone()
+                    out = torch.empty_like(x)
+                    norm(x, r, w, out)
+                    routed = torch.empty(tokens * 8, H, device="cuda", dtype=torch.bfloat16)
+                    offsets = torch.empty(129, device="cuda", dtype=torch.int32)
+                    positions = torch.empty(tokens, 8, device="cuda", dtype=torch.int32)
+                    dispatch(out, ids, routed, offsets, positions)
+                    mean = torch.empty_like(out)
+                    combine(routed, positions, topw, mean)
+            stream.synchronize()
+            want_out, want_res = _expected(norm, x, res, w)
+            torch.testing.assert_close(r.cpu(), want_res, rtol=0, atol=0)
+            torch.testing.assert_close(out.cpu().float(), want_out.float(), rtol=1e-2, atol=1e-2)
+            # 8 copies of each token weighted 1/8 sum to the token exactly (fp32 accumulation)
+            assert torch.equal(mean, out)
+        except BaseException as exc:  # reported by the main thread
+            errors.append((i, exc))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_one_bundle_serves_every_gpu(bundle):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    norm = bundle.kernel("rms_norm", hidden=H, eps=1e-6)
+    for device in range(torch.cuda.device_count()):
+        with torch.cuda.device(device):
+            x = torch.randn(300, H, device=f"cuda:{device}", dtype=torch.bfloat16)
+            w = torch.rand(H, device=f"cuda:{device}", dtype=torch.bfloat16) + 0.5
+            out = torch.full_like(x, float("nan"))
+            norm(x, w, out)
+            torch.cuda.synchronize(device)
+            want = x.cpu().clone()
+            norm.family.reference(norm.config, x.cpu(), w.cpu(), want)
+            torch.testing.assert_close(out.cpu().float(), want.float(), rtol=1e-2, atol=1e-2)
+            assert norm.record(device).variants  # each device resolved its own arch's record
+            assert bundle.sm_count(device) == torch.cuda.get_device_properties(device).multi_processor_count
