@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_dir", "default_jobs", "DEFAULT_OUTPUT_DIR", "DEFAULT_MANIFEST_DIR"]
+__all__ = ["cache_dir", "default_jobs", "pdl_enabled", "DEFAULT_OUTPUT_DIR", "DEFAULT_MANIFEST_DIR"]
 
 DEFAULT_OUTPUT_DIR = Path("build")
 DEFAULT_MANIFEST_DIR = Path("manifests")
@@ -27,3 +27,9 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def pdl_enabled() -> bool:
+    """ROSE_AOT_PDL=0 launches every kernel without programmatic dependent launch (for A/B
+    measurements and for drivers that mishandle it); default on for variants that record it."""
+    return os.environ.get("ROSE_AOT_PDL", "1").strip().lower() not in ("0", "false", "no", "off")

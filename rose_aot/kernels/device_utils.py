@@ -12,6 +12,7 @@ __all__ = [
     "CUTLASS_DTYPES",
     "cutlass_dtype",
     "SharedMemory",
+    "pdl_prologue",
     "butterfly_sum",
     "grid_barrier",
     "block_exclusive_sum",
@@ -61,6 +62,17 @@ class SharedMemory:
         return self.allocator.allocate_tensor(
             dtype, cute.make_layout(shape), byte_alignment=byte_alignment
         )
+
+
+def pdl_prologue(enabled: bool) -> None:
+    """Programmatic dependent launch, at the top of a kernel whose variant records `pdl`: let
+    the next kernel in the stream start launching now (its blocks wait in their own prologue),
+    then wait until the previous grid has finished and its writes are visible. Every input may
+    come from the previous kernel, so nothing global is read before the wait. Without the launch
+    attribute both instructions are no-ops. Call during tracing (emits nothing if disabled)."""
+    if enabled:
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
 
 
 @cute.jit

@@ -21,6 +21,7 @@ __all__ = [
     "function_param_info",
     "launcher",
     "cooperative_launcher",
+    "ExLauncher",
     "raise_launch_error",
 ]
 
@@ -143,6 +144,69 @@ def cooperative_launcher():
     """cuLaunchCooperativeKernel, as `launcher()` without the `extra` argument; the driver refuses
     (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) a grid whose blocks cannot all be resident."""
     return _entry_point("cuLaunchCooperativeKernel", *_launch_argtypes())
+
+
+# CUlaunchAttributeID values (cuda.h) and the layout of CUlaunchAttribute / CUlaunchConfig.
+_ATTR_COOPERATIVE = 2
+_ATTR_CLUSTER_DIMENSION = 4
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+@cache
+def _ex_types():
+    import ctypes
+
+    class LaunchAttribute(ctypes.Structure):
+        # { CUlaunchAttributeID id; char pad[4]; CUlaunchAttributeValue value (64-byte union) }
+        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                    ("value", ctypes.c_uint * 16)]
+
+    class LaunchConfig(ctypes.Structure):
+        _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                    ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                    ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                    ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                    ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+    launch = _entry_point("cuLaunchKernelEx", ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
+                          ctypes.c_void_p, ctypes.c_void_p)
+    return LaunchAttribute, LaunchConfig, launch
+
+
+class ExLauncher:
+    """cuLaunchKernelEx with a fixed set of launch attributes (one per variant record):
+    programmatic dependent launch, cooperative, cluster dimensions. The config struct is
+    preallocated; a call fills in the grid, block, shared memory and stream and launches.
+    Not thread-safe on its own: callers hold the handle's lock, as for the parameter buffer."""
+
+    def __init__(self, *, pdl: bool, cooperative: bool, cluster: tuple[int, int, int]):
+        import ctypes
+
+        LaunchAttribute, LaunchConfig, self._launch = _ex_types()
+        attrs = []
+        if pdl:
+            attrs.append((_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)))
+        if cooperative:
+            attrs.append((_ATTR_COOPERATIVE, (1,)))
+        if tuple(cluster) != (1, 1, 1):
+            attrs.append((_ATTR_CLUSTER_DIMENSION, tuple(cluster)))
+        self._attrs = (LaunchAttribute * max(1, len(attrs)))()
+        for slot, (ident, values) in zip(self._attrs, attrs):
+            slot.id = ident
+            for i, v in enumerate(values):
+                slot.value[i] = v
+        self._config = LaunchConfig()
+        self._config.attrs = ctypes.cast(self._attrs, ctypes.POINTER(LaunchAttribute))
+        self._config.numAttrs = len(attrs)
+        self._pointer = ctypes.pointer(self._config)
+
+    def __call__(self, function, gx, gy, gz, bx, by, bz, smem, stream, params) -> int:
+        c = self._config
+        c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
+        c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
+        c.sharedMemBytes = smem
+        c.hStream = stream
+        return self._launch(self._pointer, function, params, None)
 
 
 def raise_launch_error(code: int, what: str):

@@ -16,6 +16,7 @@ from ..bundle import BundleReader
 from ..errors import BundleError, ConfigError, DeviceError, KernelNotFoundError, RoseAotError
 from ..kernels import get_family
 from ..kernels.record import PointRecord
+from .. import settings
 from . import driver
 from .args import ArgBinder, ParamPacker
 
@@ -96,11 +97,6 @@ class KernelBundle:
                         f"{where}: variant {variant.name}'s {kind} {blob!r} is not the artifact "
                         f"its record was compiled with (sha256 differs); {_REBUILD}"
                     )
-            if variant.pdl or variant.cluster != (1, 1, 1):
-                raise BundleError(
-                    f"{where}: variant {variant.name} needs programmatic dependent launch or "
-                    f"thread-block clusters, which this loader does not launch; upgrade rose-aot"
-                )
             try:
                 variant.check_cubin(self.reader.blob(raw["cubin"]))
             except ValueError as exc:
@@ -342,6 +338,7 @@ class KernelHandle:
         self._workspaces: dict[tuple[int, int], list] = {}
         self._workspace_ptrs: dict[tuple[int, int], list[int]] = {}
         self._resolved: dict[tuple, list] = {}
+        self._ex_launchers: dict[str, object] = {}
         self._lock = threading.Lock()
         self._launch = None
         self._launch_cooperative = None
@@ -409,12 +406,24 @@ class KernelHandle:
             kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
             resolved.append(
                 (int(kernel), *launch.grid, *v.block, v.smem, packers[launch.variant],
-                 launch.variant, v.cooperative)
+                 launch.variant, v.cooperative, self._ex_launcher(v))
             )
         if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
             self._resolved.clear()
         self._resolved[(device, sizes, variant)] = resolved
         return resolved
+
+    def _ex_launcher(self, v):
+        """cuLaunchKernelEx with the variant's attributes, where plain launches cannot say them
+        (programmatic dependent launch, clusters); None otherwise."""
+        pdl = v.pdl and settings.pdl_enabled()
+        if not pdl and v.cluster == (1, 1, 1):
+            return None
+        launcher = self._ex_launchers.get(v.name)
+        if launcher is None:
+            launcher = driver.ExLauncher(pdl=pdl, cooperative=v.cooperative, cluster=v.cluster)
+            self._ex_launchers[v.name] = launcher
+        return launcher
 
     def _stream_getter(self):
         import torch
@@ -476,13 +485,15 @@ class KernelHandle:
                 scratch = [t.data_ptr() for t in self.workspace(device, stream)]
                 self._workspace_ptrs[(device, stream)] = scratch
             values = values + scratch
-        for kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative in launches:
+        for kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative, ex in launches:
             with self._lock:
                 if dims is None:
                     params = packer.pack(packer.fast_values(shapes, strides, values))
                 else:
                     params = packer.pack(packer.values(values, dims))
-                if cooperative:
+                if ex is not None:
+                    code = ex(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
+                elif cooperative:
                     code = self._launch_cooperative(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
                 else:
                     code = self._launch(kernel, gx, gy, gz, bx, by, bz, smem, stream, params, None)

@@ -8,7 +8,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
-from ..device_utils import cutlass_dtype
+from ..device_utils import cutlass_dtype, pdl_prologue
 from ..spec import Variant
 from .family import MoeCombineConfig
 
@@ -26,10 +26,12 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
     exact = vectors == row_threads * per_thread
     dtype = cutlass_dtype(config.dtype)
     block = list(variant.block)
+    pdl = variant.pdl
 
     @cute.kernel
     def combine_kernel(mY: cute.Tensor, mPos: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
         # mY: [rows, hidden]; mPos, mW: [tokens, top_k]; mO: [tokens, hidden]
+        pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         t = bidx * rows + tidx // row_threads

@@ -73,7 +73,7 @@ class MoeCombine(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows):
+        def variant(name, warps, per_thread, rows, pdl=False):
             constants = {
                 "rows_per_block": rows,
                 "warps_per_row": warps,
@@ -81,9 +81,11 @@ class MoeCombine(KernelFamily):
                 "vec": vec,
                 "decode_warps_per_sm": DECODE_WARPS_PER_SM,
             }
-            return Variant(name, (32 * warps * rows, 1, 1), 0, params, constants)
+            return Variant(name, (32 * warps * rows, 1, 1), 0, params, constants, pdl=pdl)
 
-        decode = variant("decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1)
+        decode = variant(
+            "decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1, pdl=True
+        )
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         prefill = variant("prefill", warps, per_thread, max(1, PREFILL_WARPS // warps))
         return (decode, prefill)

@@ -8,7 +8,13 @@ import cutlass.cute as cute
 from cutlass import Int32, const_expr
 
 from ...archs import Arch
-from ..device_utils import SharedMemory, block_exclusive_sum, cutlass_dtype, grid_barrier
+from ..device_utils import (
+    SharedMemory,
+    block_exclusive_sum,
+    cutlass_dtype,
+    grid_barrier,
+    pdl_prologue,
+)
 from ..spec import Variant
 from .family import MoeDispatchConfig
 
@@ -36,6 +42,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     dtype = cutlass_dtype(config.dtype)
     smem = variant.smem
     reg_pairs = variant.constants.get("register_pairs", 0)
+    pdl = variant.pdl
 
     @cute.jit
     def count_pairs(mIds, mPos, sCount, first, step):
@@ -145,6 +152,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
 
     @cute.jit
     def body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart):
+        pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         blocks = cute.arch.grid_dim()[0]

@@ -161,7 +161,8 @@ class MoeDispatch(KernelFamily):
         reg_pairs = -(-arch.sm_count * DECODE_MAX_PAIRS_PER_SM // BLOCK_THREADS)
         return (
             Variant("decode", block, smem, params,
-                    {**common, "phase": "decode", "register_pairs": reg_pairs}, cooperative=True),
+                    {**common, "phase": "decode", "register_pairs": reg_pairs}, cooperative=True,
+                    pdl=True),
             Variant("prefill_route", block, smem, params, {**common, "phase": "route"},
                     cooperative=True),
             Variant("prefill_copy", block, smem, params, {**common, "phase": "copy"}),

@@ -8,7 +8,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ...archs import Arch
-from ..device_utils import butterfly_sum, cutlass_dtype
+from ..device_utils import butterfly_sum, cutlass_dtype, pdl_prologue
 from ..spec import Variant
 from .family import QkNormConfig
 
@@ -29,10 +29,12 @@ def host_function(config: QkNormConfig, variant: Variant, arch: Arch):
     dtype = cutlass_dtype(config.dtype)
     wdtype = cutlass_dtype(config.weight_dtype)
     block = list(variant.block)
+    pdl = variant.pdl
 
     @cute.kernel
     def qk_norm_kernel(mQ: cute.Tensor, mK: cute.Tensor, mQW: cute.Tensor, mKW: cute.Tensor):
         # mQ: [tokens, q_heads, head_dim], mK: [tokens, k_heads, head_dim]; weights [head_dim]
+        pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         g = bidx * heads_per_block + tidx // lanes  # global head index over (token, q|k head)

@@ -88,7 +88,7 @@ class QkNorm(KernelFamily):
         lanes = min(32, vectors)  # lanes per head
         params = tuple(a.name for a in self.args(c, arch))
 
-        def variant(name, warps):
+        def variant(name, warps, pdl=False):
             return Variant(
                 name,
                 (32 * warps, 1, 1),
@@ -102,10 +102,13 @@ class QkNorm(KernelFamily):
                     "heads_per_block": 32 * warps // lanes,
                     "decode_max_warps": tuning.decode_max_warps(arch.name),
                 },
+                pdl=pdl,
             )
 
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
-        return (variant("decode", 1), variant("prefill", block_warps))
+        # The plan picks the prefill variant at every size on the H200 (tuning.py), so it is
+        # the one launched back to back with the other decode kernels: both get PDL.
+        return (variant("decode", 1, pdl=True), variant("prefill", block_warps, pdl=True))
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)

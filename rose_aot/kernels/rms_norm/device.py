@@ -8,7 +8,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
-from ..device_utils import SharedMemory, butterfly_sum, cutlass_dtype
+from ..device_utils import SharedMemory, butterfly_sum, cutlass_dtype, pdl_prologue
 from ..spec import Variant
 from .family import RmsNormConfig
 
@@ -30,6 +30,7 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
     dtype = cutlass_dtype(config.dtype)
     block = list(variant.block)
     smem_bytes = variant.smem
+    pdl = variant.pdl
 
     @cute.jit
     def load_row(mRow: cute.Tensor, rDst: cute.Tensor, t: Int32, valid):
@@ -100,12 +101,14 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
 
     @cute.kernel
     def rms_norm_kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
+        pdl_prologue(pdl)
         body(mX, None, mW, mO)
 
     @cute.kernel
     def rms_norm_residual_kernel(
         mX: cute.Tensor, mRes: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor
     ):
+        pdl_prologue(pdl)
         body(mX, mRes, mW, mO)
 
     if config.fused_residual:

@@ -109,7 +109,7 @@ class RmsNorm(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows):
+        def variant(name, warps, per_thread, rows, pdl=False):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
             constants = {
@@ -120,9 +120,13 @@ class RmsNorm(KernelFamily):
                 "decode_row_warps": tuning.DECODE_ROW_WARPS,
                 "decode_warps_per_sm": tuning.DECODE_WARPS_PER_SM,
             }
-            return Variant(name, (threads, 1, 1), smem, params, constants)
+            return Variant(name, (threads, 1, 1), smem, params, constants, pdl=pdl)
 
-        decode = variant("decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1)
+        # Decode launches are latency-bound: programmatic dependent launch overlaps each one's
+        # launch with its predecessor's tail (measured: benchmarks/bench_pdl.py).
+        decode = variant(
+            "decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1, pdl=True
+        )
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
         prefill = variant("prefill", warps, per_thread, max(1, block_warps // warps))
