@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU job, run on the H200 machine over a checkout with CPU-built bundles in build/ and the
+# wheels CuTeDSL-free serving needs in .whl/ (zstandard; liger-kernel as a benchmark peer):
+#
+#   rose-aot build manifests tests/manifests -o build/test.rosebundle                 # CPU
+#   rose-aot build benchmarks/manifests/norms.toml -o build/bench-norms.rosebundle    # CPU
+#   rose-aot build benchmarks/manifests/moe.toml -o build/bench-moe.rosebundle        # CPU
+#   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
+#   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
+#
+# STEP: tests | sanitizer | norms | moe | overhead | pdl | warmup. Logs go to $OUT (or
+# benchmarks/results). NVLink multicast stays off in every process started here.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-benchmarks/results}"
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+status=0
+for step in "$@"; do
+    case "$step" in
+        tests) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle python3 -m pytest tests/gpu -q -rs \
+                   -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
+        sanitizer)
+            compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_launches.py \
+                build/test.rosebundle 2>&1 | tee "$OUT/sanitizer-memcheck.log"
+            compute-sanitizer --tool racecheck python3 tests/gpu/sanitizer_launches.py \
+                build/test.rosebundle 2>&1 | tee "$OUT/sanitizer-racecheck.log" ;;
+        norms) python3 benchmarks/bench_norms.py build/bench-norms.rosebundle 2>&1 \
+                   | tee "$OUT/bench-norms.log" ;;
+        moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
+        overhead) python3 benchmarks/launch_overhead.py build/bench-norms.rosebundle 2>&1 \
+                      | tee "$OUT/overhead.log" ;;
+        pdl) python3 benchmarks/bench_pdl.py build/test.rosebundle 2>&1 | tee "$OUT/pdl.log" ;;
+        warmup) python3 benchmarks/warmup.py gpu-side build/models 2>&1 | tee "$OUT/warmup.log" ;;
+        *) echo "unknown step $step"; exit 2 ;;
+    esac
+    rc=${PIPESTATUS[0]}
+    echo "== step $step exit $rc" | tee -a "$OUT/steps.txt"
+    [ "$rc" -eq 0 ] || status=1
+done
+exit $status
