@@ -42,23 +42,32 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
         return statistics.median(samples)
 
     args = (q, k, w, w)
-    binder = handle._binder
-    (launch,) = handle._resolved[(q.get_device(), (1,), None)]
-    kernel, gx, gy, gz, bx, by, bz, smem, packer, _, _ = launch
-    launch_fn = handle._launch
+    dev = q.get_device()
+    binder = handle._state(dev)[1]  # the ArgBinder of this device's arch (its record's args)
+    (launch,) = handle._resolved[(dev, (1,), None)]
+    kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative, ex = launch
+    variant = handle.record(dev).variant(name)  # block and shared memory come from the record
+    assert (bx, by, bz, smem) == (*variant.block, variant.smem)
+    assert not cooperative
     stream = handle._raw_stream(q.get_device())
     params = packer.pack(packer.fast_values(*binder.fast_bind(args)[:3]))
+    if ex is not None:  # launch attributes (programmatic dependent launch): cuLaunchKernelEx
+        def driver_launch():
+            return ex(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
+    else:
+        launch_fn = handle._launch
+
+        def driver_launch():
+            return launch_fn(kernel, gx, gy, gz, bx, by, bz, smem, stream, params, None)
     raw_stream = handle._raw_stream
-    dev = q.get_device()
     return {
         "rose_aot_call_us": per_call(lambda: handle(*args)),
         "argument_checks_us": per_call(lambda: binder.fast_bind(args)),
         "checks_and_pack_us": per_call(lambda: packer.pack(packer.fast_values(*binder.fast_bind(args)[:3])))
         ,
+        "launch_path": "cuLaunchKernelEx (pdl)" if ex is not None else "cuLaunchKernel",
         "current_stream_us": per_call(lambda: raw_stream(dev)),
-        "driver_launch_us": per_call(
-            lambda: launch_fn(kernel, gx, gy, gz, bx, by, bz, smem, stream, params, None)
-        ),
+        "driver_launch_us": per_call(driver_launch),
         "torch_eager_mul_us": per_call(lambda: q.mul_(1.0)),
     }
 

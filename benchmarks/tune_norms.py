@@ -5,7 +5,8 @@
 BUNDLE: `rose-aot build benchmarks/manifests/tuning.toml -o build/tune-norms.rosebundle`.
 Writes tuning.json to $OUT (or benchmarks/results) and prints, per shape, the fastest prefill
 warps per block at >= 8192 tokens and the token count where prefill overtakes decode. The
-choices in rose_aot/kernels/tuning.py are read off this output.
+choices in rose_aot/kernels/rms_norm/tuning.py and rose_aot/kernels/qk_norm/tuning.py are read
+off this output.
 """
 
 from __future__ import annotations

@@ -26,10 +26,11 @@ from rose_aot.builder.build import ArtifactCache, WorkItem, _compile_task, build
 from rose_aot.bundle import FORMAT_VERSION, HEADER_SIZE, MAGIC, BundleReader
 from rose_aot.cli import main as cli
 from rose_aot.errors import BuildError, BundleError, RoseAotError
-from rose_aot.kernels import get_family
-from rose_aot.kernels.qk_norm import QkNormConfig
-from rose_aot.kernels.rms_norm import RmsNormConfig
-from rose_aot.kernels.spec import param_fields, param_size
+from rose_aot.kernels import get_family, kernel_source_digest
+from rose_aot.kernels.qk_norm.family import QkNormConfig
+from rose_aot.kernels.record import RECORD_VERSION, PointRecord
+from rose_aot.kernels.rms_norm.family import RmsNormConfig
+from rose_aot.kernels.spec import param_align, param_fields, param_size
 from rose_aot.loader import open_bundle
 from rose_aot.manifest import Point, load_manifest, load_manifests
 
@@ -100,23 +101,48 @@ SINGLE_POINTS = [
 def test_compile_point(family_name, values, arch):
     config, compiled = _compiled(family_name, values, arch)
     family = get_family(family_name)
-    variants = family.variants(config, get_arch(arch))
-    args = {a.name: a for a in family.kernel_args(config)}
-    assert [c.name for c in compiled] == [v.name for v in variants]
-    for c, v in zip(compiled, variants):
-        assert re.search(rf"^\.target\s+{arch}\s*$", c.ptx, re.M), "PTX for another arch"
-        assert re.search(r"^\.version\s+\d+\.\d+\s*$", c.ptx, re.M)
-        assert "// Cuda compilation tools, release" in c.ptx
-        assert c.cubin[:4] == b"\x7fELF" and c.cubin[4] == 2  # ELF64
-        assert struct.unpack_from("<H", c.cubin, 18)[0] == 190  # e_machine EM_CUDA
-        entries = ptx_entries(c.ptx)
-        assert c.entries and set(c.entries) <= set(entries)
+    target = get_arch(arch)
+    variants = family.variants(config, target)
+    args = {a.name: a for a in family.kernel_args(config, target)}
+    record = compiled.record
+    assert isinstance(record, PointRecord)
+    assert record.args == family.args(config, target)
+    assert record.workspace == family.workspace(config, target)
+    assert [r.name for r in record.variants] == [v.name for v in variants]
+    assert list(compiled.artifacts) == list(compiled.seconds) == [v.name for v in variants]
+    # The record survives its JSON form (bundle index, cache entry) unchanged.
+    assert PointRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    for r, v in zip(record.variants, variants):
+        ptx, cubin = compiled.artifacts[v.name]
+        assert re.search(rf"^\.target\s+{arch}\s*$", ptx, re.M), "PTX for another arch"
+        assert re.search(r"^\.version\s+\d+\.\d+\s*$", ptx, re.M)
+        assert "// Cuda compilation tools, release" in ptx
+        assert cubin[:4] == b"\x7fELF" and cubin[4] == 2  # ELF64
+        assert struct.unpack_from("<H", cubin, 18)[0] == 190  # e_machine EM_CUDA
+        assert r.cubin_sha256 == hashlib.sha256(cubin).hexdigest()
+        assert r.ptx_sha256 == hashlib.sha256(ptx.encode()).hexdigest()
+        entries = ptx_entries(ptx)
+        assert r.entries and set(r.entries) <= set(entries)
         want = [param_size(args[p]) for p in v.params]
-        for name in c.entries:
+        for name in r.entries:
             assert entries[name]["params"] == want, name
             assert reqntid(entries[name]["directives"]) == v.block
-        assert c.param_sizes == [want] * len(c.entries)
-        assert c.seconds > 0
+        # The record's launch facts are the variant's, its parameters the spec's packing.
+        assert (r.block, r.smem, r.cooperative, r.pdl, r.cluster) == (
+            v.block, v.smem, v.cooperative, v.pdl, v.cluster
+        )
+        assert r.constants == v.constants
+        assert [p.name for p in r.params] == list(v.params)
+        assert [p.size for p in r.params] == want
+        assert [p.align for p in r.params] == [param_align(args[n]) for n in v.params]
+        assert [p.fields for p in r.params] == [param_fields(args[n]) for n in v.params]
+        # Resource usage read from the cubin, per entry.
+        assert set(r.resources) == set(r.entries)
+        for res in r.resources.values():
+            assert res["registers"] > 0 and res["static_smem"] >= 0
+            assert res["param_bytes"] >= sum(want)
+        r.check_cubin(cubin)  # the cubin's entries, block and parameter sizes agree
+        assert compiled.seconds[v.name] > 0
 
 
 # ------------------------------------------------------------------------------ (b) qk_norm PTX
@@ -130,35 +156,43 @@ def test_qk_norm_ptx_is_vectorized_shuffled_and_register_only(head_dim, arch):
     )
     config, compiled = _compiled("qk_norm", values, arch)
     variants = {v.name: v for v in get_family("qk_norm").variants(config, get_arch(arch))}
-    assert set(variants) == {c.name for c in compiled} == {"decode", "prefill"}
-    for c in compiled:
-        v = variants[c.name]
+    records = compiled.record.by_name
+    assert set(variants) == set(records) == set(compiled.artifacts) == {"decode", "prefill"}
+    # bf16 heads of 64, 128 and 256 elements are whole 32-byte vectors: sm_100a moves 256 bits
+    # (v8.b32) per access, sm_90a 128 bits (v4.b32).
+    bits = 256 if arch == "sm_100a" else 128
+    for name, (ptx, _cubin) in compiled.artifacts.items():
+        v, r = variants[name], records[name]
         lanes = v.constants["lanes_per_head"]
-        assert lanes == min(32, head_dim // 8)
-        where = f"head_dim={head_dim} {arch} {c.name}"
+        assert lanes == min(32, head_dim * 16 // bits)
+        assert v.constants["vec"] == bits // 16
+        where = f"head_dim={head_dim} {arch} {name}"
 
-        accesses = _GLOBAL_ACCESS.findall(c.ptx)
-        assert len(accesses) == len(re.findall(r"\b(?:ld|st)\.global\b", c.ptx)), "unparsed access"
+        accesses = _GLOBAL_ACCESS.findall(ptx)
+        assert len(accesses) == len(re.findall(r"\b(?:ld|st)\.global\b", ptx)), "unparsed access"
         loads = [a for a in accesses if a.startswith("ld.")]
         stores = [a for a in accesses if a.startswith("st.")]
         # q or k + its weight per vector, loaded; q or k stored.
         assert loads and stores, f"{where}: no global loads/stores found"
-        narrow = sorted({a for a in accesses if access_bits(a) != 128})
-        assert not narrow, f"{where}: global accesses narrower than 128 bits: {narrow}"
+        other = sorted({a for a in accesses if access_bits(a) != bits})
+        assert not other, f"{where}: global accesses other than {bits} bits: {other}"
+        if bits == 256:
+            assert any(re.search(r"\.v8\.b32$", a) for a in loads), f"{where}: no v8 loads"
+            assert any(re.search(r"\.v8\.b32$", a) for a in stores), f"{where}: no v8 stores"
 
-        shuffles = re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+,\s*%r\d+,\s*(\d+),", c.ptx)
+        shuffles = re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+,\s*%r\d+,\s*(\d+),", ptx)
         rounds = lanes.bit_length() - 1  # log2(lanes)
         assert len(shuffles) == rounds, f"{where}: {len(shuffles)} butterfly rounds, want {rounds}"
         assert sorted(map(int, shuffles), reverse=True) == [lanes >> (i + 1) for i in range(rounds)]
-        assert not re.search(r"shfl\.sync\.(?!bfly)", c.ptx), f"{where}: other shuffles"
+        assert not re.search(r"shfl\.sync\.(?!bfly)", ptx), f"{where}: other shuffles"
 
-        local = re.findall(r"\.local\b|\bld\.local|\bst\.local", c.ptx)
+        local = re.findall(r"\.local\b|\bld\.local|\bst\.local", ptx)
         assert not local, f"{where}: local memory (register spills or a stack array): {local}"
 
-        entries = ptx_entries(c.ptx)
-        assert len(c.entries) == 1
+        entries = ptx_entries(ptx)
+        assert len(r.entries) == 1
         block = (32 * v.constants["warps"], 1, 1)
-        assert reqntid(entries[c.entries[0]]["directives"]) == v.block == block
+        assert reqntid(entries[r.entries[0]]["directives"]) == v.block == r.block == block
 
 
 # ------------------------------------------------------------------------------ shipped bundle
@@ -176,25 +210,41 @@ def shipped(shipped_build):
 def test_ptx_param_sizes_equal_spec_for_every_shipped_point(shipped, family_name, key, arch):
     family = get_family(family_name)
     config = SHIPPED_CONFIGS[key]
-    args = {a.name: a for a in family.kernel_args(config)}
+    target = get_arch(arch)
+    args = {a.name: a for a in family.kernel_args(config, target)}
     (point,) = [p for p in shipped.index["points"] if p["key"] == key and p["arch"] == arch]
-    specs = {v.name: v for v in family.variants(config, get_arch(arch))}
-    assert {v["name"] for v in point["variants"]} == set(specs)
-    for record in point["variants"]:
+    # The index holds the point's record: its call arguments and workspace are the family's
+    # spec for this arch, and the loader reads the same record back.
+    assert point["args"] == [a.to_json() for a in family.args(config, target)]
+    assert point["workspace"] == [a.to_json() for a in family.workspace(config, target)]
+    record_of_point = shipped.record(key, arch)
+    assert record_of_point == PointRecord.from_json(point)
+    specs = {v.name: v for v in family.variants(config, target)}
+    assert [v["name"] for v in point["variants"]] == list(specs)
+    for record, parsed in zip(point["variants"], record_of_point.variants):
         spec = specs[record["name"]]
+        assert record["record_version"] == RECORD_VERSION
         want = [param_size(args[p]) for p in spec.params]
         ptx = shipped.reader.blob(record["ptx"]).decode()
+        cubin = shipped.reader.blob(record["cubin"])
+        assert record["ptx_sha256"] == hashlib.sha256(ptx.encode()).hexdigest()
+        assert record["cubin_sha256"] == hashlib.sha256(cubin).hexdigest()
         entries = ptx_entries(ptx)
         assert record["entries"] and set(record["entries"]) <= set(entries)
         assert re.search(rf"^\.target\s+{arch}\s*$", ptx, re.M)
         for name in record["entries"]:
             assert entries[name]["params"] == want, f"{key}@{arch}/{record['name']} {name}"
             assert reqntid(entries[name]["directives"]) == tuple(record["block"]) == spec.block
-        assert record["param_sizes"] == [want] * len(record["entries"])
-        assert record["param_layouts"] == [
-            [f.to_json() for f in param_fields(args[p])] for p in spec.params
+        assert [p["name"] for p in record["params"]] == list(spec.params)
+        assert [p["size"] for p in record["params"]] == want
+        assert [p["align"] for p in record["params"]] == [param_align(args[n]) for n in spec.params]
+        assert [p["fields"] for p in record["params"]] == [
+            [f.to_json() for f in param_fields(args[n])] for n in spec.params
         ]
-        assert record["smem"] == spec.smem and record["params"] == list(spec.params)
+        assert record["smem"] == spec.smem and record["cooperative"] == spec.cooperative
+        assert record["constants"] == spec.constants
+        assert set(record["resources"]) == set(record["entries"])
+        parsed.check_cubin(cubin)
 
 
 # (d) the shipped bundle itself.
@@ -223,8 +273,9 @@ def test_shipped_bundle_round_trip(shipped_build, shipped):
         assert rec["archs"] == list(m.archs)
         assert rec["points"] == sorted(p.key for p in m.points)
 
+    assert set(shipped.index["families"]) == {f for f, _, _ in SHIPPED_ITEMS}
     for name, fam in shipped.index["families"].items():
-        assert fam["source_digest"] == get_family(name).source_digest()
+        assert fam["source_digest"] == get_family(name).source_digest() == kernel_source_digest()
 
     # Every shipped point is found by its config, as a serving engine would look it up.
     for key, config in SHIPPED_CONFIGS.items():
@@ -302,6 +353,45 @@ def test_rebuild_from_scratch_is_byte_identical(shipped_build, tmp_path, monkeyp
             f"the rebuild differs; artifacts that differ: {differing[:5]}; "
             f"index equal: {a.index == b.index}"
         )
+
+
+def test_cache_entries_hold_the_record_and_serve_only_their_own_key(shipped_build, tmp_path):
+    """ArtifactCache.get(key, item) gives the item's result with its checked record (the one
+    the bundle index holds), and ignores, with a CacheWarning, an entry written for another key
+    or whose artifacts are not the ones its record names."""
+    from rose_aot.builder.build import BuildPlan, CacheWarning
+    from rose_aot.bundle import write_bundle
+
+    plan = BuildPlan.from_manifests(shipped_build.manifests)
+    cache = ArtifactCache(shipped_build.cache_dir)
+    bundle = open_bundle(shipped_build.path)
+    a, b = plan.items[0], plan.items[1]
+    hit = cache.get(plan.cache_key(a), a)
+    assert hit is not None and hit.cached and hit.item == a
+    assert hit.record == bundle.record(a.key, a.arch)
+    assert [v["name"] for v in hit.variants] == [r.name for r in hit.record.variants]
+    for v, r in zip(hit.variants, hit.record.variants):
+        assert hashlib.sha256(v["cubin"]).hexdigest() == r.cubin_sha256
+        assert hashlib.sha256(v["ptx"].encode()).hexdigest() == r.ptx_sha256
+
+    other = ArtifactCache(tmp_path / "cache")
+    misplaced = other._path(plan.cache_key(b))
+    misplaced.parent.mkdir(parents=True)
+    misplaced.write_bytes(cache._path(plan.cache_key(a)).read_bytes())
+    with pytest.warns(CacheWarning, match="written for key"):
+        assert other.get(plan.cache_key(b), b) is None
+
+    # The right key, but the two variants' cubins swapped: the record check refuses it.
+    reader = BundleReader.open(cache._path(plan.cache_key(a)))
+    blobs = {n: reader.blob(n) for n in reader.blob_names()}
+    cubins = sorted(n for n in blobs if n.endswith(".cubin"))
+    assert len(cubins) >= 2
+    blobs[cubins[0]], blobs[cubins[1]] = blobs[cubins[1]], blobs[cubins[0]]
+    swapped = other._path(plan.cache_key(a))
+    swapped.parent.mkdir(parents=True, exist_ok=True)
+    write_bundle(swapped, reader.index, blobs)
+    with pytest.warns(CacheWarning, match="cubin is not the one its record names"):
+        assert other.get(plan.cache_key(a), a) is None
 
 
 # Corruption of the real bundle: every damaged copy fails to open, and `rose-aot verify` says so.

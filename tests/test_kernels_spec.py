@@ -1,6 +1,6 @@
 """Plain-Python kernel specs (no compile, no cutlass): point keys, launch plans, parameter ABI.
 
-The launch rule under test (rms_norm.py, qk_norm.py): a point has a narrow "decode" variant
+The launch rule under test (rms_norm/family.py, qk_norm/family.py): a point has a narrow "decode" variant
 for small batches and a wider "prefill" variant; the plan switches from decode to prefill once at
 a token count that grows with the SM count of the TARGET arch (132 on sm_90a = H100/H200, 148 on
 sm_100a = B200), never of the build machine. The exact threshold formula is tuning and is not
@@ -10,6 +10,7 @@ pinned here; the switch point is found by search.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import struct
@@ -22,7 +23,16 @@ from rose_aot.archs import ARCHS, get_arch
 from rose_aot.errors import ConfigError
 from rose_aot.kernels import FAMILIES, config_digest, config_json, get_family, point_key
 from rose_aot.manifest import load_manifests
-from rose_aot.kernels.spec import Dim, ParamField, ScalarArg, TensorArg, param_fields, param_size
+from rose_aot.kernels.spec import (
+    DTYPES,
+    Dim,
+    Launch,
+    ParamField,
+    ScalarArg,
+    TensorArg,
+    param_fields,
+    param_size,
+)
 
 SEED = 20261129
 
@@ -228,8 +238,19 @@ TOKEN_COUNTS = sorted(
 MAX_TOKENS = 1 << 22
 
 
+@functools.lru_cache(maxsize=None)
+def _variants(family, config, arch) -> dict:
+    """The variants of (config, arch) by name, as a plan takes them."""
+    return {v.name: v for v in family.variants(config, arch)}
+
+
+def _plan(family, config, arch, sizes, force=None):
+    """The plan of (config, arch) for a device with the arch's SM count."""
+    return family.plan(config, _variants(family, config, arch), sizes, arch.sm_count, force)
+
+
 def _variant(family, config, arch, tokens) -> str:
-    (launch,) = family.plan(config, arch, {"tokens": tokens})
+    (launch,) = _plan(family, config, arch, {"tokens": tokens})
     return launch.variant
 
 
@@ -339,7 +360,7 @@ def test_grid_covers_every_unit_exactly_once(family_name, values, arch_name):
         for tokens in TOKEN_COUNTS:
             if tokens == 0:
                 continue
-            (launch,) = family.plan(config, arch, {"tokens": tokens}, force)
+            (launch,) = family.plan(config, variants, {"tokens": tokens}, arch.sm_count, force)
             v = variants[launch.variant]
             if family_name == "rms_norm":  # a block normalizes rows_per_block whole rows
                 units, per_block = tokens, v.constants["rows_per_block"]
@@ -350,8 +371,9 @@ def test_grid_covers_every_unit_exactly_once(family_name, values, arch_name):
             assert (gy, gz) == (1, 1) and gx >= 1
             assert gx * per_block >= units, f"tokens={tokens}: {gx} x {per_block} < {units}"
             assert (gx - 1) * per_block < units, f"tokens={tokens}: a whole block idles"
-            assert launch.block == v.block and launch.smem == v.smem
-            assert launch.cooperative is False and launch.entry == 0
+            # Block, shared memory and launch attributes come from the variant, not the plan.
+            assert launch == Launch(launch.variant, launch.grid, 0)
+            assert v.cooperative is False and v.cluster == (1, 1, 1)
             checked += 1
     assert checked == (1 + len(variants)) * (len(TOKEN_COUNTS) - 1)
 
@@ -361,23 +383,31 @@ def test_grid_covers_every_unit_exactly_once(family_name, values, arch_name):
 def test_variants_are_consistent_with_their_work_split(family_name, values, arch_name):
     family = get_family(family_name)
     config = family.make_config(**values)
-    variants = family.variants(config, get_arch(arch_name))
+    arch = get_arch(arch_name)
+    variants = family.variants(config, arch)
     assert "prefill" in {v.name for v in variants}
     assert len({v.name for v in variants}) == len(variants)
     elem_bytes = 4 if config.dtype == "float32" else 2
+    row = config.head_dim if family_name == "qk_norm" else config.hidden
+    # The arch's widest access (16 B on sm_90a, 32 B on sm_100a) where every row allows it.
+    rows_bytes = [row * DTYPES[getattr(config, f)].bytes
+                  for f in ("dtype", "out_dtype", "weight_dtype") if hasattr(config, f)]
+    wide = arch.max_access_bytes
+    access = wide if all(b % wide == 0 for b in rows_bytes) else 16
     for v in variants:
         assert v.block[1:] == (1, 1) and v.threads % 32 == 0 and 32 <= v.threads <= 1024
-        assert v.params == tuple(a.name for a in family.args(config))
+        assert v.params == tuple(a.name for a in family.args(config, arch))
+        assert v.constants["vec"] * elem_bytes == access, (arch_name, v.name, v.constants)
         if family_name == "qk_norm":
             lanes = v.constants["lanes_per_head"]
             assert lanes & (lanes - 1) == 0 and 32 % lanes == 0  # a head never spans warps
             assert v.threads % lanes == 0
-            assert lanes * v.constants["vecs_per_lane"] * 16 == config.head_dim * elem_bytes
+            assert lanes * v.constants["vecs_per_lane"] * access == config.head_dim * elem_bytes
         else:
             warps = v.constants["warps_per_row"]
             assert v.threads == 32 * warps * v.constants["rows_per_block"]
-            # Every 128-bit vector of the row has a thread (predicated where the row is short).
-            assert 32 * warps * v.constants["vecs_per_thread"] * 16 >= config.hidden * elem_bytes
+            # Every vector of the row has a thread (predicated where the row is short).
+            assert 32 * warps * v.constants["vecs_per_thread"] * access >= config.hidden * elem_bytes
 
 
 @pytest.mark.parametrize("family_name,values", PLAN_CONFIGS, ids=PLAN_IDS)
@@ -389,8 +419,8 @@ def test_force_picks_the_named_variant(family_name, values):
         arch = get_arch(arch_name)
         for v in family.variants(config, arch):
             for tokens in (1, 5, 100, 100_000):
-                (launch,) = family.plan(config, arch, {"tokens": tokens}, force=v.name)
-                assert (launch.variant, launch.block) == (v.name, v.block), (arch_name, tokens)
+                (launch,) = _plan(family, config, arch, {"tokens": tokens}, force=v.name)
+                assert launch.variant == v.name, (arch_name, tokens)
                 checked += 1
     assert checked >= 8
 
@@ -402,7 +432,7 @@ def test_zero_tokens_launch_nothing(family_name, values):
     for arch_name in sorted(ARCHS):
         arch = get_arch(arch_name)
         for force in [None, *(v.name for v in family.variants(config, arch))]:
-            assert family.plan(config, arch, {"tokens": 0}, force) == ()
+            assert _plan(family, config, arch, {"tokens": 0}, force) == ()
 
 
 def test_plans_never_touch_a_device(monkeypatch):
@@ -419,7 +449,7 @@ def test_plans_never_touch_a_device(monkeypatch):
         family = get_family(family_name)
         config = family.make_config(**values)
         for arch_name in ARCHS:
-            (launch,) = family.plan(config, get_arch(arch_name), {"tokens": 77})
+            (launch,) = _plan(family, config, get_arch(arch_name), {"tokens": 77})
             assert launch.grid[0] >= 1
 
 
@@ -533,9 +563,79 @@ def test_shipped_family_args_have_the_measured_sizes(family_name, values):
     # Row tensors {ptr, i32 tokens, i64 stride} = 24 bytes; weights are fully static = 8 bytes.
     family = get_family(family_name)
     config = family.make_config(**values)
-    sizes = {a.name: param_size(a) for a in family.args(config)}
-    for name, size in sizes.items():
-        assert size == (8 if "weight" in name else 24), (name, size)
+    for arch_name in sorted(ARCHS):
+        sizes = {a.name: param_size(a) for a in family.args(config, get_arch(arch_name))}
+        for name, size in sizes.items():
+            assert size == (8 if "weight" in name else 24), (arch_name, name, size)
+
+
+ACCESS_CASES = [
+    # (family, config values, {arch: (row pointer alignment, row stride divisibility)})
+    ("rms_norm", dict(hidden=4096), {"sm_90a": (16, 8), "sm_100a": (32, 16)}),
+    ("rms_norm", dict(hidden=1024, dtype="float32"), {"sm_90a": (16, 4), "sm_100a": (32, 8)}),
+    # 2064-byte rows: 32-byte accesses would straddle rows, so sm_100a stays at 16 bytes.
+    ("rms_norm", dict(hidden=1032), {"sm_90a": (16, 8), "sm_100a": (16, 8)}),
+    # A float32 weight makes 8192-byte weight rows, a bfloat16 output 4096: both allow 32 B.
+    ("rms_norm", dict(hidden=2048, dtype="bfloat16", weight_dtype="float32"),
+     {"sm_90a": (16, 8), "sm_100a": (32, 16)}),
+    ("qk_norm", dict(num_q_heads=32, num_k_heads=8, head_dim=128),
+     {"sm_90a": (16, 8), "sm_100a": (32, 16)}),
+    ("qk_norm", dict(num_q_heads=8, num_k_heads=8, head_dim=64, dtype="float32"),
+     {"sm_90a": (16, 4), "sm_100a": (32, 8)}),
+]
+
+
+@pytest.mark.parametrize("family_name,values,want", ACCESS_CASES,
+                         ids=[f"{f}-{'-'.join(f'{k}{v}' for k, v in vals.items())}"
+                              for f, vals, _ in ACCESS_CASES])
+def test_row_alignment_and_stride_divisibility_follow_the_arch_access_width(
+    family_name, values, want
+):
+    """sm_100a accesses 32 bytes where every row of the point is a multiple of 32 bytes, so its
+    row tensors need 32-byte pointers and strides in whole 32-byte vectors; sm_90a stays at
+    16 bytes. The spec is per arch: a bundle's two archs check arguments differently."""
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    for arch_name, (align, divisibility) in want.items():
+        arch = get_arch(arch_name)
+        args = family.args(config, arch)
+        rows = [a for a in args if isinstance(a.stride[0], Dim)]
+        assert rows, "every row tensor of a norm has a dynamic row stride"
+        for a in rows:
+            assert a.align == align, (arch_name, a.name, a.align)
+            assert a.stride[0].divisibility == divisibility, (arch_name, a.name, a.stride[0])
+        vec = {v.constants["vec"] for v in family.variants(config, arch)}
+        assert vec == {divisibility}, (arch_name, vec)
+        for w in (a for a in args if "weight" in a.name):
+            assert w.align == min(align, divisibility * DTYPES[w.dtype].bytes), (arch_name, w)
+
+
+def test_roles_and_what_they_write():
+    roles = {r: TensorArg("t", "int32", (4,), (1,), 4, r) for r in ("input", "output", "inout",
+                                                                    "workspace")}
+    assert {r: a.writes for r, a in roles.items()} == {
+        "input": False, "output": True, "inout": True, "workspace": True
+    }
+    assert ScalarArg("n", "int32").writes is False
+    for family_name, values in PLAN_CONFIGS:
+        family = get_family(family_name)
+        config = family.make_config(**values)
+        got = {a.name: a.role for a in family.args(config, get_arch("sm_90a"))}
+        if family_name == "qk_norm":  # in place
+            assert got == {"q": "inout", "k": "inout", "q_weight": "input", "k_weight": "input"}
+        elif config.fused_residual:
+            assert got == {"x": "input", "residual": "inout", "weight": "input", "out": "output"}
+        else:
+            assert got == {"x": "input", "weight": "input", "out": "output"}
+
+
+def test_dtypes_are_torch_dtypes_of_the_stated_width():
+    import torch
+
+    for name, d in DTYPES.items():
+        assert d.name == name
+        t = getattr(torch, name)
+        assert torch.empty(0, dtype=t).element_size() * 8 == d.bits == 8 * d.bytes, name
 
 
 def test_spec_rejects_malformed_arguments():
@@ -547,3 +647,5 @@ def test_spec_rejects_malformed_arguments():
         TensorArg("x", "bfloat17", (4,), (1,))
     with pytest.raises(ValueError, match="scalar dtype"):
         ScalarArg("x", "bfloat16")
+    with pytest.raises(ValueError, match="role"):
+        TensorArg("x", "bfloat16", (4,), (1,), role="scratch")

