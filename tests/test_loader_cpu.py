@@ -394,19 +394,9 @@ TAMPER = [
     # now authoritative, so the equivalents are: every variant a plan can launch (forced ones
     # too) is in the record, and every parameter is the packing of the record's own argument.
     pytest.param(lambda i, b: _point(i).update(variants=_point(i)["variants"][:1]),
-                 "prefill", id="missing-forced-variant",
-                 marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-                     "rose_aot/loader/runtime.py KernelBundle._check_point runs the plan for "
-                     "sample_sizes only, never with force=each of plan_choices: a record "
-                     "without the 'prefill' variant of a point whose sampled plans are all "
-                     "decode opens, and handle(..., variant='prefill') raises a bare KeyError"))),
+                 "prefill", id="missing-forced-variant"),
     pytest.param(lambda i, b: _first_variant(i)["params"][0]["fields"][1].__setitem__(1, "q"),
-                 "param", id="param-layout",
-                 marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-                     "rose_aot/loader/runtime.py KernelBundle._check_point never checks a "
-                     "variant's ParamRecords against ParamRecord.of(the record's argument of "
-                     "that name): fields, offsets, alignment or the name itself may disagree "
-                     "with `args` and the loader packs them as recorded"))),
+                 "param", id="param-layout"),
     pytest.param(lambda i, b: i.update(kind="something else"), "not a rose-aot kernel bundle",
                  id="kind"),
 ]

@@ -200,11 +200,11 @@ class PointRecord:
         workspace = tuple(arg_from_json(a) for a in _list(data["workspace"]))
         if not all(isinstance(a, TensorArg) and a.role == "workspace" for a in workspace):
             raise ValueError("workspace entries must be tensors with role 'workspace'")
-        return cls(
-            tuple(arg_from_json(a) for a in _list(data["args"])),
-            workspace,
-            tuple(VariantRecord.from_json(v) for v in _list(data["variants"])),
-        )
+        variants = tuple(VariantRecord.from_json(v) for v in _list(data["variants"]))
+        names = [v.name for v in variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names repeat: {names}")
+        return cls(tuple(arg_from_json(a) for a in _list(data["args"])), workspace, variants)
 
 
 def _list(value: Any) -> list:

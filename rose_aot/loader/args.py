@@ -185,7 +185,7 @@ class ArgBinder:
                     if got % want.divisibility:
                         raise ArgumentError(
                             f"{where}: stride {got} of dimension {mode} must be a multiple of "
-                            f"{want.divisibility} elements (128-bit accesses); use a contiguous "
+                            f"{want.divisibility} elements (the kernel's vector accesses); use a contiguous "
                             f"or padded tensor"
                         )
                     self._bind_dim(dims, want, got, where, f"stride of dimension {mode}")

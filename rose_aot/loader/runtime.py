@@ -15,7 +15,7 @@ from ..archs import ARCHS, arch_for_capability, get_arch
 from ..bundle import BundleReader
 from ..errors import BundleError, ConfigError, DeviceError, KernelNotFoundError, RoseAotError
 from ..kernels import get_family
-from ..kernels.record import PointRecord
+from ..kernels.record import ParamRecord, PointRecord
 from .. import settings
 from . import driver
 from .args import ArgBinder, ParamPacker
@@ -104,10 +104,23 @@ class KernelBundle:
                     f"{where}: the cubin of variant {variant.name} does not match its record "
                     f"({exc}); the artifact is misplaced or damaged; {_REBUILD}"
                 ) from None
+        # The record is self-consistent: each parameter is the packing of the argument it
+        # names (a loader packs exactly what the record says, so a mismatch would corrupt
+        # the launch rather than fail it).
+        args = {a.name: a for a in (*record.args, *record.workspace)}
+        for variant in record.variants:
+            for param in variant.params:
+                if param.name not in args or ParamRecord.of(args[param.name]) != param:
+                    raise BundleError(
+                        f"{where}: parameter {param.name!r} of variant {variant.name} is not the "
+                        f"packing of the record's argument of that name; {_REBUILD}"
+                    )
+        # Every launch the plan can issue, forced variants included, is in the record.
         try:
-            for sizes in family.sample_sizes(config):
-                for launch in family.plan(config, record.by_name, sizes, arch.sm_count):
-                    record.variant(launch.variant).entries[launch.entry]
+            for force in (None, *family.plan_choices):
+                for sizes in family.sample_sizes(config):
+                    for launch in family.plan(config, record.by_name, sizes, arch.sm_count, force):
+                        record.variant(launch.variant).entries[launch.entry]
         except (KeyError, IndexError, TypeError) as exc:
             raise BundleError(
                 f"{where}: this rose-aot's {family.name} launch plan does not understand the "
