@@ -34,14 +34,9 @@ _handles: dict[str, object] = {}  # point key -> KernelHandle (the latest regist
 
 
 def op_name(handle) -> str:
-    """The family's name, suffixed with the written arguments that set its signature apart
-    (rms_norm with fused_residual writes `residual` too: ``rms_norm_residual``)."""
-    args = handle.bundle.record_args(handle.key)
-    base = handle.family.name
-    written_inputs = [a.name for a in args if getattr(a, "role", "") == "inout"]
-    if handle.family.name == "rms_norm" and "residual" in written_inputs:
-        return base + "_residual"
-    return base
+    """The family's name plus its suffix for points with another argument list (rms_norm with
+    fused_residual also writes `residual`: ``rms_norm_residual``)."""
+    return handle.family.name + handle.family.op_suffix(handle.config)
 
 
 def schema(handle) -> str:

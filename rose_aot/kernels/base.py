@@ -189,6 +189,11 @@ class KernelFamily:
         module = importlib.import_module(type(self).__module__.rsplit(".", 1)[0] + ".reference")
         module.reference(config, *tensors)
 
+    def op_suffix(self, config: Any) -> str:
+        """Suffix of the torch operator name (``rose_aot.torch_ops``) for points whose argument
+        list differs from the family's plain one; one operator has one schema."""
+        return ""
+
     def derive(self, model) -> list:
         """The family's [[kernel]] entries for a model (``manifest from-config``): its folder's
         ``derive`` module, given :class:`rose_aot.manifest.model.ModelFacts`; none if the family

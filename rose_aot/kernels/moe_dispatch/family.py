@@ -168,6 +168,9 @@ class MoeDispatch(KernelFamily):
             Variant("prefill_copy", block, smem, params, {**common, "phase": "copy"}),
         )
 
+    def op_suffix(self, c: MoeDispatchConfig) -> str:
+        return "_scaled" if c.scale_group else ""
+
     def sample_sizes(self, c: MoeDispatchConfig) -> list[dict[str, int]]:
         return [{"tokens": t, "rows": self.max_rows(c, t)} for t in (1, 7, 1024, 65536)]
 

@@ -132,6 +132,9 @@ class RmsNorm(KernelFamily):
         prefill = variant("prefill", warps, per_thread, max(1, block_warps // warps))
         return (decode, prefill)
 
+    def op_suffix(self, c: RmsNormConfig) -> str:
+        return "_residual" if c.fused_residual else ""
+
     def plan(self, c, variants, sizes, sm_count, force=None):
         self.check_force(force)
         tokens = sizes["tokens"]
