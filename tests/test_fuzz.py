@@ -413,13 +413,21 @@ def test_fuzz_config_json(work, data, model):
 
 
 # ------------------------------------------------------------------------------ shards
+NAMES = st.sampled_from(["../../ESCAPED", "/tmp/ESCAPED", "a/../../ESCAPED", "..", "ok-name", ""])
+
+
 def _hostile_shard(data, tiny_shard: Path, folder: Path) -> Path:
     original = tiny_shard.read_bytes()
     index = index_of(original)
     blobs = index.pop("blobs")
-    mutate_json(data, index)
+    if data.draw(st.booleans()):
+        mutate_json(data, index)
     index["blobs"] = blobs
-    if data.draw(st.booleans()):  # make the plan digest agree with the edited plan
+    renamed = data.draw(st.booleans())
+    if renamed:  # the manifest name decides merge's default output
+        with contextlib.suppress(Exception):
+            index["plan"]["manifests"][0]["name"] = data.draw(NAMES)
+    if renamed or data.draw(st.booleans()):  # make the plan digest agree with the edited plan
         with contextlib.suppress(Exception):
             index["plan_digest"] = BuildPlan.from_json(index["plan"]).digest
     path = folder / "hostile.roseshard"
