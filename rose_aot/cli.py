@@ -29,6 +29,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted (SIGINT); nothing was written", err=True)
+            sys.exit(130)
         except RoseAotError as exc:
             _fail(str(exc))
         except OSError as exc:

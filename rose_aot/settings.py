@@ -75,7 +75,7 @@ def cache_dir() -> Path:
 def default_jobs() -> int:
     """ROSE_AOT_JOBS, else the number of CPUs this process may use."""
     if os.environ.get("ROSE_AOT_JOBS"):
-        return _int_env("ROSE_AOT_JOBS", 1)
+        return max(1, _int_env("ROSE_AOT_JOBS", 1, minimum=0))
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux

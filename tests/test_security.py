@@ -257,8 +257,9 @@ def test_killed_build_leaves_no_process_and_releases_its_output(tmp_path, sig):
         while _session_processes(proc.pid) and time.monotonic() - killed < 2.0:
             time.sleep(0.05)
         assert _session_processes(proc.pid) == [], "processes outlived the build by 2 s"
-        proc.wait(timeout=5)
+        code = proc.wait(timeout=5)
         text = output[0].decode(errors="replace")
+        assert code == {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGKILL: -9}[sig], text
         if sig != signal.SIGKILL:
             assert "Traceback" not in text, text[-2000:]
         assert not (tmp_path / "out" / "big.rosebundle").exists()
@@ -381,6 +382,8 @@ def test_rose_aot_jobs_must_be_a_number(monkeypatch):
         settings.default_jobs()
     monkeypatch.setenv("ROSE_AOT_JOBS", "3")
     assert settings.default_jobs() == 3
+    monkeypatch.setenv("ROSE_AOT_JOBS", "0")
+    assert settings.default_jobs() == 1
 
 
 def test_kernel_family_must_be_a_string(tiny_build):
