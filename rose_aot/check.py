@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from .archs import get_arch
 from .bundle import BundleReader
-from .errors import BundleError, CoverageError
+from .bundle.index_shape import check_kernel_index
+from .errors import BundleError, CoverageError, ManifestError
 from .loader.runtime import BUNDLE_KIND
 from .manifest import Manifest, load_manifests
 
@@ -192,7 +193,8 @@ class CoverageReport:
 
     @property
     def ok(self) -> bool:
-        return not self.missing and not self.driver_problems
+        # A check of no manifest proves nothing: it must not pass.
+        return bool(self.manifests) and not self.missing and not self.driver_problems
 
     def lines(self) -> list[str]:
         """Human lines: one per manifest, each missing (point, arch), then the driver verdict."""
@@ -253,6 +255,8 @@ class CoverageReport:
         if self.ok:
             return
         parts = []
+        if not self.manifests:
+            parts.append("no manifests were checked; pass the manifests the deployment serves")
         if self.missing:
             parts.append(
                 f"the bundle {self.bundle} lacks {len(self.missing)} (point, arch) pair(s):\n  "
@@ -281,6 +285,12 @@ def check_bundle(
     """
     index, label = _bundle_index(bundle)
     loaded = _manifests(manifests)
+    if not loaded:
+        raise ManifestError(
+            "(no manifests)",
+            "check_bundle needs at least one manifest; pass the manifest files (or folders) "
+            "the deployment serves",
+        )
     requested = tuple(archs) if archs else None
     for arch in requested or ():
         get_arch(arch)
@@ -344,8 +354,11 @@ def check_bundle(
 def _bundle_index(bundle) -> tuple[dict, str]:
     index = getattr(bundle, "index", None)
     if isinstance(index, dict):  # a KernelBundle or a BundleReader
-        return index, str(getattr(bundle, "path", "<bundle>"))
+        label = str(getattr(bundle, "path", "<bundle>"))
+        check_kernel_index(index, label)
+        return index, label
     reader = BundleReader.open(bundle)
+    check_kernel_index(reader.index, reader.path)
     kind = reader.index.get("kind")
     if kind != BUNDLE_KIND:
         raise BundleError(

@@ -4,6 +4,7 @@ inspect and verify them, diff manifests and bundles, check coverage, derive mani
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,13 +17,74 @@ __all__ = ["main"]
 
 
 class _Group(click.Group):
-    """Turns every RoseAotError into a one-line `Error: ...` and exit code 1."""
+    """The error boundary: every error becomes one line `Error: ...` on stderr and exit code 2.
+
+    Exit codes: 0 success; 1 a negative answer (diff: differs, check: not covered, verify:
+    damaged); 2 an error (bad input, unreadable or unwritable path, bad setting). An unexpected
+    exception is reported as an internal error (ROSE_AOT_DEBUG=1 shows its traceback).
+    """
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted (SIGINT); nothing was written", err=True)
+            sys.exit(130)
         except RoseAotError as exc:
-            raise click.ClickException(str(exc)) from exc
+            _fail(str(exc))
+        except OSError as exc:
+            _fail(_os_message(exc))
+        except ValueError as exc:
+            if "null byte" in str(exc) or "null character" in str(exc):
+                _fail("a path contains a NUL byte; check the arguments")
+            _internal(exc)
+        except (RecursionError, MemoryError) as exc:
+            _fail(f"the input is too large or too deeply nested ({type(exc).__name__})")
+        except Exception as exc:  # noqa: BLE001 (the boundary: no traceback for users)
+            _internal(exc)
+
+
+def _os_message(exc: OSError) -> str:
+    where = exc.filename if exc.filename is not None else "a path"
+    reason = (exc.strerror or str(exc)).lower()
+    hints = {
+        "ENOENT": "check that it exists",
+        "ENOTDIR": "a part of the path is a regular file, not a directory",
+        "EEXIST": "a file is in the way of a directory of that name",
+        "EACCES": "it is not readable or writable by this user",
+        "EPERM": "the operation is not permitted here",
+        "EROFS": "the filesystem is read-only; pick a writable path",
+        "ENOSPC": "the disk is full",
+        "EISDIR": "it is a directory; pass a file path",
+    }
+    import errno
+
+    hint = hints.get(errno.errorcode.get(exc.errno or 0, ""), "check the path")
+    return f"{where}: {reason}; {hint}"
+
+
+def _internal(exc: BaseException):
+    if settings.debug():
+        raise exc
+    _fail(
+        f"internal error ({type(exc).__name__}: {str(exc)[:300]}); this is a rose-aot bug: "
+        "report it with the command line (ROSE_AOT_DEBUG=1 shows the traceback)"
+    )
+
+
+def _writable_dir(directory: Path, what: str) -> None:
+    """Fail early (before compiling for minutes) when `directory` cannot hold `what`."""
+    probe = directory
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        _fail(f"{what}: {probe} is a regular file, not a directory; pick another path")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        _fail(f"{what}: {probe} is not writable by this user; pick a writable path")
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,9 +161,14 @@ def _summary_info(summary, report) -> dict:
     "`rose-aot merge` joins the N shards into the bundle."))
 @click.option("--report", "report_file", type=click.Path(path_type=Path), default=None, help=(
     "Build report JSON to write. Default: <output>.report.json."))
+@click.option("--sign-key", "sign_key", type=click.Path(path_type=Path), default=None, help=(
+    "Private key (from `rose-aot keygen`) to sign the bundle with: writes <output>.sig."))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-item progress lines.")
-def build(manifests, output, archs, jobs, cache_dir, no_cache, shard, report_file, as_json, quiet):
+def build(
+    manifests, output, archs, jobs, cache_dir, no_cache, shard, report_file, sign_key, as_json,
+    quiet,
+):
     """Compile the kernel points of MANIFESTS into one bundle.
 
     MANIFESTS are TOML files or folders of them; with none, every manifest in ./manifests is
@@ -117,18 +184,42 @@ def build(manifests, output, archs, jobs, cache_dir, no_cache, shard, report_fil
 
     paths = list(manifests) or [settings.DEFAULT_MANIFEST_DIR]
     loaded = load_manifests(paths)
-    cache = None if no_cache else ArtifactCache(cache_dir or settings.cache_dir())
+    jobs = jobs or settings.default_jobs()
+    private_key = _load_sign_key(sign_key)
+    if shard is None:
+        output = output or _default_output(loaded)
+    else:
+        output = output or default_shard_output(_default_output(loaded), *shard)
+    _writable_dir(Path(os.path.abspath(output)).parent, "-o/--output")
+    if report_file is not None:
+        _writable_dir(Path(os.path.abspath(report_file)).parent, "--report")
+    cache = None
+    if not no_cache:
+        cache_root = cache_dir or settings.cache_dir()
+        _writable_dir(Path(os.path.abspath(cache_root)), "--cache-dir")
+        try:
+            Path(cache_root).mkdir(parents=True, exist_ok=True)
+            probe = Path(cache_root) / f".write-probe.{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            _fail(
+                f"--cache-dir {cache_root}: not a writable directory ({_os_message(exc)}); pass "
+                "a writable directory, or --no-cache"
+            )
+        cache = ArtifactCache(cache_root)
     options = dict(
         archs=tuple(archs) or None,
-        jobs=jobs or settings.default_jobs(),
+        jobs=jobs,
         cache=cache,
         progress=_progress(quiet),
     )
     if shard is None:
-        summary = build_bundle(loaded, output or _default_output(loaded), **options)
+        summary = build_bundle(loaded, output, **options)
     else:
-        output = output or default_shard_output(_default_output(loaded), *shard)
         summary = build_shard(loaded, output, *shard, **options)
+    if private_key is not None:
+        _sign(summary.output, private_key)
     report = write_report(summary, report_file)
     info = _summary_info(summary, report)
     if as_json:
@@ -149,8 +240,14 @@ def build(manifests, output, archs, jobs, cache_dir, no_cache, shard, report_fil
     "Bundle file to write. Default: as `rose-aot build` names it for the same manifests."))
 @click.option("--report", "report_file", type=click.Path(path_type=Path), default=None, help=(
     "Build report JSON to write. Default: <output>.report.json."))
+@click.option("--sign-key", "sign_key", type=click.Path(path_type=Path), default=None, help=(
+    "Private key to sign the merged bundle with (writes <output>.sig). Shards carry no "
+    "signature into the bundle: the merge job signs the result."))
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(path_type=Path),
+              help=("Public key (repeatable): every shard must be signed by one of them "
+                    "(`rose-aot sign SHARD --key KEY` in the shard jobs)."))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-def merge(shards, output, report_file, as_json):
+def merge(shards, output, report_file, sign_key, trusted_keys, as_json):
     """Merge the shard files of one sharded build into its bundle.
 
     Pass all N shards that `rose-aot build --shard I/N` wrote (any order). The bundle is
@@ -161,12 +258,22 @@ def merge(shards, output, report_file, as_json):
     from .builder.report import write_report
     from .builder.shard import merge_shards, read_shard
 
+    private_key = _load_sign_key(sign_key)
+    trusted = list(trusted_keys) or None
     if output is None:
-        names = [m.name for m in read_shard(shards[0]).plan.manifests]
+        # read_shard accepts only plain manifest names; the check below keeps the default
+        # output inside build/ whatever a shard says.
+        names = [m.name for m in read_shard(shards[0], trusted_keys=trusted).plan.manifests]
         output = settings.DEFAULT_OUTPUT_DIR / (
             f"{names[0]}.rosebundle" if len(names) == 1 else "bundle.rosebundle"
         )
-    summary = merge_shards(shards, output)
+        inside = os.path.abspath(settings.DEFAULT_OUTPUT_DIR)
+        if os.path.dirname(os.path.abspath(output)) != inside:
+            _fail(f"the shard names an output outside {inside}: {str(output)[:80]!r}; pass -o")
+    _writable_dir(Path(os.path.abspath(output)).parent, "-o/--output")
+    summary = merge_shards(shards, output, trusted_keys=trusted)
+    if private_key is not None:
+        _sign(summary.output, private_key)
     report = write_report(summary, report_file)
     info = _summary_info(summary, report)
     info["shards"] = [str(s) for s in shards]
@@ -188,6 +295,8 @@ def inspect(bundle, as_json):
     from .loader import open_bundle
 
     info = open_bundle(bundle).describe()
+    if not isinstance(info["toolchain"], dict):
+        _fail(f"{bundle}: damaged bundle index: toolchain is not an object")
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True))
         return
@@ -212,29 +321,88 @@ def inspect(bundle, as_json):
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(path_type=Path),
+              help=("Public key (repeatable; KEY.pub from `rose-aot keygen`): the bundle must "
+                    "carry a valid signature (<bundle>.sig) by one of them."))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def verify(bundle, as_json):
-    """Check a bundle completely: header, index, every artifact's digest and its launch facts.
+def verify(bundle, trusted_keys, as_json):
+    """Check a bundle completely: header, index, every artifact's digest and its launch facts,
+    and with --trusted-key its signature.
 
-    Exit code 0 when intact, 1 when damaged or inconsistent.
+    Exit code 0 when intact (and signed by a trusted key), 1 when damaged, inconsistent,
+    unsigned or wrongly signed, 2 when a trusted key cannot be read.
     """
     from .bundle import BundleReader
+    from .bundle.index_shape import check_kernel_index
+    from .bundle.signing import check_signature, load_public_key
     from .loader import KernelBundle
 
+    keys = [load_public_key(k) for k in trusted_keys] or None  # unreadable key: exit 2
+    signer = None
     try:
         reader = BundleReader.open(bundle)
+        signer = check_signature(reader, keys)
         reader.verify()
+        check_kernel_index(reader.index, reader.path)
         KernelBundle(reader)
     except RoseAotError as exc:
         if as_json:
             click.echo(json.dumps({"bundle": str(bundle), "ok": False, "error": str(exc)}))
-            sys.exit(1)
-        raise
+        else:
+            click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
     result = {"bundle": str(bundle), "ok": True, "artifacts": len(reader.blob_names())}
+    if signer is not None:
+        result["signed_by"] = signer
     if as_json:
         click.echo(json.dumps(result))
     else:
-        click.echo(f"OK: {bundle} ({result['artifacts']} artifacts verified)")
+        signed = f", signed by trusted key {signer}" if signer else ""
+        click.echo(f"OK: {bundle} ({result['artifacts']} artifacts verified{signed})")
+
+
+@main.command()
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help=(
+    "Private key file to write; the public key goes to OUTPUT.pub."))
+def keygen(output):
+    """Make an Ed25519 key pair for signing bundles (needs rose-aot[sign]).
+
+    Writes OUTPUT (the private key, PEM, mode 0600: keep it in the CI secret store) and
+    OUTPUT.pub (the public key: ship it to the servers that load bundles). Prints the key id,
+    the first 16 hex digits of the sha256 of the raw public key. Never overwrites a file.
+    """
+    from .bundle.signing import generate_key
+
+    private, public, kid = generate_key(output)
+    click.echo(f"wrote {private} (private) and {public} (public); key id {kid}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--key", "key", required=True, type=click.Path(path_type=Path), help=(
+    "Private key from `rose-aot keygen`."))
+def sign(bundle, key):
+    """Sign BUNDLE (or a shard): verify it, then write its signature to BUNDLE.sig.
+
+    The signature covers the bundle's header, whose index digest covers every byte. BUNDLE.sig
+    keeps other keys' signatures of the same bytes, so several keys can sign one bundle.
+    """
+    _sign(bundle, _load_sign_key(key))
+
+
+def _load_sign_key(path):
+    if path is None:
+        return None
+    from .bundle.signing import load_private_key
+
+    return load_private_key(path)
+
+
+def _sign(bundle, private_key) -> None:
+    from .bundle.signing import sign_bundle
+
+    sig_file, kid = sign_bundle(bundle, private_key)
+    click.echo(f"signed {bundle} with key id {kid}: {sig_file}", err=True)
 
 
 def _fail(message: str, code: int = 2):

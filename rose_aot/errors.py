@@ -18,6 +18,7 @@ __all__ = [
     "KernelNotFoundError",
     "ArgumentError",
     "DeviceError",
+    "SettingsError",
 ]
 
 
@@ -117,3 +118,7 @@ class ArgumentError(RoseAotError, ValueError):
 
 class DeviceError(RoseAotError):
     """The CUDA driver refused an operation, or the device is not one the bundle was built for."""
+
+
+class SettingsError(RoseAotError, ValueError):
+    """An environment variable rose-aot reads (ROSE_AOT_*) has a value it cannot use."""

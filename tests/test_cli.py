@@ -150,12 +150,12 @@ BAD_MANIFESTS = [
 
 
 @pytest.mark.parametrize("text,fragments", BAD_MANIFESTS)
-def test_bad_manifest_exits_1_naming_file_entry_field_and_writes_nothing(tmp_path, text, fragments):
+def test_bad_manifest_exits_2_naming_file_entry_field_and_writes_nothing(tmp_path, text, fragments):
     manifest = tmp_path / "bad.toml"
     manifest.write_text(text)
     out = tmp_path / "out" / "bad.rosebundle"
     result = run("build", manifest, "-o", out, "--cache-dir", tmp_path / "cache", "--json")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.startswith("Error: ") and str(manifest) in result.stderr
     for fragment in fragments:
         assert fragment in result.stderr, (fragment, result.stderr)
@@ -168,7 +168,7 @@ def test_bundle_passed_as_manifest_is_a_clear_error(tiny, tmp_path):
     _, bundle, _, _ = tiny
     out = tmp_path / "x.rosebundle"
     result = run("build", bundle, "-o", out, "--cache-dir", tmp_path / "cache")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.startswith("Error: ") and str(bundle) in result.stderr
     assert re.search(r"not a (TOML )?manifest", result.stderr), result.stderr
     assert "Traceback" not in result.output and not out.exists()
@@ -176,7 +176,7 @@ def test_bundle_passed_as_manifest_is_a_clear_error(tiny, tmp_path):
 
 def test_missing_manifest_is_a_clear_error(tmp_path):
     result = run("build", tmp_path / "nope.toml", "-o", tmp_path / "x.rosebundle")
-    assert result.exit_code == 1 and "no such file" in result.stderr
+    assert result.exit_code == 2 and "no such file" in result.stderr
 
 
 # ------------------------------------------------------------------------------ inspect / verify
@@ -239,7 +239,7 @@ def test_verify_intact_and_damaged(tiny, tmp_path, as_json):
         assert "damaged bundle" in info["error"]
     else:
         assert bad.stderr.startswith("Error: ") and "damaged bundle" in bad.stderr
-    assert run("inspect", damaged).exit_code == 1
+    assert run("inspect", damaged).exit_code == 2
 
 
 def test_verify_missing_file(tmp_path):

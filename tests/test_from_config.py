@@ -478,7 +478,7 @@ def test_missing_or_bad_fields_name_the_field(tmp_path, name, edit, field, says)
     assert says in str(info.value)
     assert str(folder / "config.json") in str(info.value)
     result = run("manifest", "from-config", folder)
-    assert result.exit_code == 1 and f"field '{field}'" in result.output
+    assert result.exit_code == 2 and f"field '{field}'" in result.output
 
 
 def test_unreadable_inputs(tiny_build, tmp_path):
@@ -498,21 +498,21 @@ def test_unreadable_inputs(tiny_build, tmp_path):
             load_model_config(path)
         assert says in str(info.value), (path, str(info.value))
         result = run("manifest", "from-config", path)
-        assert result.exit_code == 1 and says in result.output
+        assert result.exit_code == 2 and says in result.output
 
 
 def test_bad_options(tmp_path):
     result = run("manifest", "from-config", CONFIGS / "qwen3-8b", "--arch", "sm_75")
-    assert result.exit_code == 1 and "unknown arch 'sm_75'" in result.output
+    assert result.exit_code == 2 and "unknown arch 'sm_75'" in result.output
     result = run("manifest", "from-config", CONFIGS / "qwen3-8b", "--tp", "0")
     assert result.exit_code == 2
     result = run("manifest", "from-config", CONFIGS / "qwen3-8b", "--name", "no spaces")
-    assert result.exit_code == 1 and "is not a usable name" in result.output
+    assert result.exit_code == 2 and "is not a usable name" in result.output
     weird = tmp_path / "Weird Name"
     weird.mkdir()
     (weird / "config.json").write_text((CONFIGS / "qwen3-8b" / "config.json").read_text())
     result = run("manifest", "from-config", weird)
-    assert result.exit_code == 1 and "pass --name" in result.output
+    assert result.exit_code == 2 and "pass --name" in result.output
     result = run("manifest", "from-config", weird, "--name", "ok-name", "--dtype", "float16")
     assert result.exit_code == 0 and 'name = "ok-name"' in result.output
     assert 'dtype = "float16"' in result.output

@@ -131,7 +131,7 @@ def test_a_shard_compiled_from_an_empty_cache_merges_identically(tiny_build, tmp
 def _merge_fails(tmp_path, paths, *says):
     out = tmp_path / "never.rosebundle"
     result = run("merge", *paths, "-o", out)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "Error:" in result.output
     for text in says:
         assert text in result.output, result.output

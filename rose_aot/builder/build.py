@@ -16,6 +16,10 @@ import concurrent.futures as cf
 import hashlib
 import json
 import multiprocessing
+import os
+import signal
+import sys
+import threading
 import time
 import traceback
 import warnings
@@ -331,17 +335,91 @@ ProgressFn = Callable[[int, int, ItemResult], None]
 def _run_pool(
     items: list[WorkItem], jobs: int, on_done: Callable[[WorkItem, PointRecord, list, float], None]
 ):
+    """Compile `items` in spawned worker processes. Workers die with the parent (SIGKILL
+    included: see _worker_init); SIGTERM/SIGINT or any error kills them at once instead of
+    waiting for the compiles in flight, so a killed build leaves no process behind."""
     ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(items))), mp_context=ctx) as pool:
+    pool = cf.ProcessPoolExecutor(
+        max_workers=max(1, min(jobs, len(items))),
+        mp_context=ctx,
+        initializer=_worker_init,
+        initargs=(os.getpid(),),
+    )
+    restore = _raise_on_sigterm()
+    try:
         futures = {pool.submit(_compile_task, item): item for item in items}
+        for fut in cf.as_completed(futures):
+            record, variants, seconds = fut.result()
+            on_done(futures[fut], PointRecord.from_json(record), variants, seconds)
+    except _Terminated as exc:
+        _kill_pool(pool)
+        raise SystemExit(128 + exc.signum) from None
+    except BaseException:
+        _kill_pool(pool)
+        raise
+    finally:
+        restore()
+    pool.shutdown(wait=True)  # every worker is idle now
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived in the parent while the pool ran."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """Turn SIGTERM into an exception while the pool runs (only the main thread can)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _kill_pool(pool: cf.ProcessPoolExecutor) -> None:
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
         try:
-            for fut in cf.as_completed(futures):
-                record, variants, seconds = fut.result()
-                on_done(futures[fut], PointRecord.from_json(record), variants, seconds)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+            process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        try:
+            process.join(timeout=2)
+        except (OSError, ValueError, AssertionError):
+            pass
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Runs first in each worker: ignore SIGINT (the parent decides and kills the pool; a Ctrl-C
+    reaches the whole process group) and exit when the parent dies, however it dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch():  # portable fallback, and covers a parent that died between fork and prctl
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="rose-aot-parent-watch", daemon=True).start()
 
 
 def compile_items(

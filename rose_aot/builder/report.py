@@ -15,6 +15,7 @@ import secrets
 from pathlib import Path
 
 from ..bundle import BundleReader
+from ..bundle.format import remove_stale_temps
 from ..errors import RoseAotError
 from .build import BuildSummary, artifact_base
 
@@ -104,12 +105,16 @@ def write_report(summary: BuildSummary, path=None) -> Path:
     """Write the report (default: next to the output) atomically; return its path."""
     path = Path(path) if path is not None else report_path(summary.output)
     text = json.dumps(build_report(summary), indent=2, sort_keys=True) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(path)
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise RoseAotError(f"cannot write the build report {path}: {exc}") from exc
+        raise RoseAotError(
+            f"cannot write the build report {path}: {exc.strerror or exc} (the bundle "
+            f"{summary.output} was written); pass --report with a writable path"
+        ) from exc
     return path

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle import BundleReader, write_bundle
+from ..bundle.signing import check_signature
 from ..errors import BundleError, ConfigError, ShardError
 from ..kernels import get_family
 from ..kernels.record import PointRecord
@@ -37,9 +38,9 @@ from .build import (
     ItemResult,
     ProgressFn,
     WorkItem,
+    _assemble,
     artifact_base,
     compile_items,
-    write_plan_bundle,
 )
 
 __all__ = [
@@ -58,6 +59,9 @@ SHARD_SUFFIX = ".roseshard"
 _SPEC = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 # A CI matrix of more jobs than this is a typo, not a fleet.
 MAX_SHARDS = 1024
+# Manifest names become file names (merge's default output build/<name>.rosebundle): the same
+# pattern as rose_aot.manifest's names, so no name from a shard can leave build/.
+_MANIFEST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def parse_shard_spec(text: str) -> tuple[int, int]:
@@ -154,10 +158,12 @@ def build_shard(
 # --------------------------------------------------------------------------- reading
 
 
-def read_shard(path) -> Shard:
-    """Open and verify one shard file. Raises ShardError (or BundleError for damaged bytes)."""
+def read_shard(path, *, trusted_keys=None) -> Shard:
+    """Open and verify one shard file. Raises ShardError (or BundleError for damaged bytes).
+    With `trusted_keys`, the shard must be signed (`rose-aot sign SHARD`) by one of them."""
     path = os.fspath(path)
     reader = BundleReader.open(path)
+    check_signature(reader, trusted_keys)
     index = reader.index
     kind = index.get("kind")
     if kind == BUNDLE_KIND:
@@ -176,6 +182,12 @@ def read_shard(path) -> Shard:
         parse_shard_spec(f"{number}/{count}")
         plan_json = index["plan"]
         plan = BuildPlan.from_json(plan_json)
+        for record in plan.manifests:
+            if not _MANIFEST_NAME.fullmatch(record.name) or len(record.name) > 200:
+                raise ValueError(
+                    f"manifest name {record.name[:60]!r} is not a plain name "
+                    "([A-Za-z0-9][A-Za-z0-9._-]*, as manifests require)"
+                )
         plan_digest = index["plan_digest"]
         if plan.digest != plan_digest:
             raise ValueError("the plan does not match its digest")
@@ -207,12 +219,26 @@ def read_shard(path) -> Shard:
             )
             result.check_artifacts()
             results[item] = result
-    except (KeyError, TypeError, ValueError, ConfigError, BundleError) as exc:
+    except _DATA_ERRORS as exc:
         raise ShardError(
             f"{path}: damaged or unreadable build shard ({_reason(exc)}); build it again with "
             "`rose-aot build --shard I/N` from the same checkout"
         ) from exc
     return Shard(path, number, count, plan, plan_json, plan_digest, results)
+
+
+# What reading hostile JSON through the plan and family code can raise besides our own errors.
+_DATA_ERRORS = (
+    KeyError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    IndexError,
+    OverflowError,
+    RecursionError,
+    ConfigError,
+    BundleError,
+)
 
 
 def _reason(exc: BaseException) -> str:
@@ -225,13 +251,15 @@ def _reason(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- merging
 
 
-def merge_shards(paths, output) -> BuildSummary:
-    """Merge the shards of one build into the bundle an unsharded build would write."""
+def merge_shards(paths, output, *, trusted_keys=None) -> BuildSummary:
+    """Merge the shards of one build into the bundle an unsharded build would write. With
+    `trusted_keys`, every shard must be signed by one of them. The bundle is not signed here:
+    sign it afterwards (`rose-aot merge --sign-key`, or `rose-aot sign`)."""
     start = time.perf_counter()
     paths = [os.fspath(p) for p in paths]
     if not paths:
         raise ShardError("no shards given; pass every shard file of one build")
-    shards = [read_shard(p) for p in paths]
+    shards = [read_shard(p, trusted_keys=trusted_keys) for p in paths]
     first = shards[0]
     for other in shards[1:]:
         _check_same_build(first, other)
@@ -274,13 +302,32 @@ def merge_shards(paths, output) -> BuildSummary:
             raise ShardError(f"{shard.label}: does not hold exactly its items: {detail}")
         results.update(shard.results)
 
-    size = write_plan_bundle(plan, results, output)
+    try:
+        index_doc, blobs = _assemble(plan, results)
+    except _DATA_ERRORS as exc:
+        raise _unmergeable(exc) from exc
+    output = Path(output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ShardError(
+            f"cannot create the output directory {output.parent}: {exc.strerror or exc}; pass "
+            "-o with a writable path"
+        ) from exc
+    size = write_bundle(output, index_doc, blobs)
     return BuildSummary(
         Path(output),
         [results[i] for i in plan.items],
         time.perf_counter() - start,
         size,
         plan,
+    )
+
+
+def _unmergeable(exc: BaseException) -> ShardError:
+    return ShardError(
+        f"the shards' results do not fit their plan ({_reason(exc)}); build the shards again "
+        "with `rose-aot build --shard I/N` from this checkout"
     )
 
 

@@ -38,6 +38,7 @@ import re
 import secrets
 import stat
 import struct
+from collections import OrderedDict
 
 import zstandard
 
@@ -51,6 +52,7 @@ __all__ = [
     "MAX_INDEX_BYTES",
     "MAX_BLOB_BYTES",
     "MAX_BUNDLE_BYTES",
+    "BLOB_CACHE_BYTES",
     "BlobNotFoundError",
     "BundleReader",
     "write_bundle",
@@ -62,6 +64,14 @@ ZSTD_LEVEL = 19
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_BLOB_BYTES = 512 * 1024 * 1024  # decompressed size of one blob
 MAX_BUNDLE_BYTES = 2 * 1024 * 1024 * 1024  # whole file; bundles are MBs, the reader reads it all
+# Decompressed blobs a reader keeps (least recently used dropped first). Cubins are KBs to a few
+# MBs, so this holds every artifact of a real bundle; a hostile bundle of 512 MiB blobs cannot
+# make the reader hold more than this plus the one blob being returned.
+BLOB_CACHE_BYTES = 256 * 1024 * 1024
+# verify() decompresses in chunks of this size and hashes as it goes. zstd's own window limit
+# (its default, 128 MiB; bundles written here use 8 MiB windows) bounds the decoder's memory.
+_VERIFY_CHUNK = 1 << 20
+_MAX_WINDOW_BYTES = 1 << 27
 
 _HEADER = struct.Struct("<8sIIQ32s")
 HEADER_SIZE = _HEADER.size
@@ -176,9 +186,55 @@ def _encode_bundle(index: dict, blobs: dict[str, bytes]) -> bytes:
     return b"".join([header, index_bytes, *frames])
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def temp_path(path: str) -> str:
+    """The temp file name an atomic write of ``path`` uses: hidden, next to it, and naming the
+    writer's pid, so that :func:`remove_stale_temps` can tell a dead writer's leftovers."""
     directory, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    return os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+
+
+def remove_stale_temps(path: str | os.PathLike) -> list[str]:
+    """Remove the temp files that atomic writes of ``path`` left behind when their writer was
+    killed (SIGKILL, a power cut) before it could clean up. A temp file is removed only when the
+    pid in its name is no longer running on this machine, so a write in progress (another build
+    writing the same output) is never touched. Best effort; returns the paths removed."""
+    directory, base = os.path.split(os.path.abspath(os.fspath(path)))
+    pattern = re.compile(r"\." + re.escape(base) + r"\.(\d{1,10})\.[0-9a-f]{16}\.tmp")
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = pattern.fullmatch(name)
+        if not m or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except OSError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # exists (another user's) or cannot tell: keep the file
+    return True
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    remove_stale_temps(path)
+    tmp = temp_path(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     try:
         # 0o666 and the umask give the file the permissions of any other new file; mkstemp's
@@ -243,12 +299,14 @@ class BundleReader:
     index: dict
     format_version: int
 
-    def __init__(self, path: str, data: bytes):
+    def __init__(self, path: str, data: bytes, *, cache_bytes: int = BLOB_CACHE_BYTES):
         self.path = path
         self.size = len(data)
         self.format_version, self.index, self._blobs, self._region_start = _parse(path, data)
         self._data = memoryview(data)
-        self._cache: dict[str, bytes] = {}
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self.cache_limit = cache_bytes
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> BundleReader:
@@ -271,20 +329,65 @@ class BundleReader:
         """A copy of the blob's table entry: offset, size, raw_size, sha256, raw_sha256."""
         return dict(self._entry(name))
 
+    def header(self) -> bytes:
+        """The file's first HEADER_SIZE bytes as read and verified (what a signature covers:
+        the index digest in it covers the index, whose digests cover every blob)."""
+        return bytes(self._data[:HEADER_SIZE])
+
     def blob(self, name: str) -> bytes:
-        """The decompressed blob, checked against its raw size and raw sha256; cached."""
+        """The decompressed blob, checked against its raw size and raw sha256. Cached up to
+        ``cache_limit`` bytes of blobs, least recently used dropped first."""
         self._entry(name)  # unknown or unhashable names fail here, with the names it has
         raw = self._cache.get(name)
-        if raw is None:
-            raw = self._decompress(name)
+        if raw is not None:
+            self._cache.move_to_end(name)
+            return raw
+        raw = self._decompress(name)
+        if len(raw) <= self.cache_limit:
             self._cache[name] = raw
+            self._cache_bytes += len(raw)
+            while self._cache_bytes > self.cache_limit:
+                _, dropped = self._cache.popitem(last=False)
+                self._cache_bytes -= len(dropped)
         return raw
 
     def verify(self) -> None:
-        """Decompress and check every blob. Fills no cache, so memory stays at one blob."""
+        """Decompress and check every blob, streaming: each frame is decompressed in 1 MiB
+        chunks and hashed as it goes, so memory stays at a chunk plus zstd's window, whatever
+        the blob sizes. Fills no cache."""
         for name in self._blobs:
-            if name not in self._cache:
-                self._decompress(name)
+            self._check_streaming(name)
+
+    def _check_streaming(self, name: str) -> None:
+        entry = self._entry(name)
+        start = self._region_start + entry["offset"]
+        frame = self._data[start : start + entry["size"]]
+        digest = hashlib.sha256()
+        total = 0
+        try:
+            decompressor = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW_BYTES)
+            with decompressor.stream_reader(frame, read_across_frames=False) as stream:
+                while True:
+                    chunk = stream.read(_VERIFY_CHUNK)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if total > entry["raw_size"]:
+                        break
+                    digest.update(chunk)
+        except (zstandard.ZstdError, MemoryError, ValueError, OSError) as exc:
+            raise _damaged(self.path, f"blob {_short(name)} does not decompress: {exc}") from exc
+        if total != entry["raw_size"]:
+            raise _damaged(
+                self.path,
+                f"blob {_short(name)} decompresses to {'more than ' if total > entry['raw_size'] else ''}"
+                f"{total} bytes, the index says {entry['raw_size']}",
+            )
+        if digest.hexdigest() != entry["raw_sha256"]:
+            raise _damaged(
+                self.path,
+                f"blob {_short(name)}: sha256 of the decompressed bytes differs from the index",
+            )
 
     def __repr__(self) -> str:
         return (
@@ -599,8 +702,11 @@ def _short_text(text: str, limit: int = 200) -> str:
 
 def _fspath(path: str | os.PathLike) -> str:
     try:
-        return os.fsdecode(os.fspath(path))
+        text = os.fsdecode(os.fspath(path))
     except TypeError as exc:
         raise BundleError(
             f"a bundle path must be a str or os.PathLike (got {type(path).__name__})"
         ) from exc
+    if "\0" in text:
+        raise BundleError(f"{text!r}: a path cannot contain a NUL byte; check the path")
+    return text

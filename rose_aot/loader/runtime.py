@@ -13,7 +13,16 @@ from pathlib import Path
 
 from ..archs import ARCHS, arch_for_capability, get_arch
 from ..bundle import BundleReader
-from ..errors import BundleError, ConfigError, DeviceError, KernelNotFoundError, RoseAotError
+from ..bundle.index_shape import check_kernel_index
+from ..bundle.signing import check_signature
+from ..errors import (
+    ArgumentError,
+    BundleError,
+    ConfigError,
+    DeviceError,
+    KernelNotFoundError,
+    RoseAotError,
+)
 from ..kernels import get_family
 from ..kernels.record import ParamRecord, PointRecord
 from .. import settings
@@ -26,10 +35,15 @@ BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
 
 
-def open_bundle(path, *, use_ptx: bool = False) -> "KernelBundle":
+def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBundle":
     """Open and verify a bundle. `use_ptx` loads PTX (driver JIT, ~100x slower) instead of cubins;
-    it is an explicit, reported fallback for drivers that refuse the cubins."""
-    return KernelBundle(BundleReader.open(path), use_ptx=use_ptx)
+    it is an explicit, reported fallback for drivers that refuse the cubins. With `trusted_keys`
+    (public key files or PEM bytes), the bundle must carry a valid signature (`<path>.sig`) by one
+    of them, else BundleError naming the key ids (see rose_aot.bundle.signing)."""
+    reader = BundleReader.open(path)
+    check_signature(reader, trusted_keys)
+    check_kernel_index(reader.index, reader.path)
+    return KernelBundle(reader, use_ptx=use_ptx)
 
 
 class KernelBundle:
@@ -139,6 +153,11 @@ class KernelBundle:
 
     def kernel(self, family: str, /, **config) -> "KernelHandle":
         """The handle of one point, looked up by family and config fields (defaults apply)."""
+        if not isinstance(family, str):
+            raise ArgumentError(
+                f"kernel(): the family must be a str such as 'rms_norm' (got "
+                f"{type(family).__name__}); pass config fields as keywords"
+            )
         fam = get_family(family)
         cfg = fam.make_config(**config)
         key = fam.key(cfg)
@@ -273,6 +292,11 @@ class KernelBundle:
         Returns the number of kernel entries loaded."""
         import torch
 
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                "preload(): no usable CUDA device (torch.cuda.is_available() is False); run on a "
+                "GPU machine with a driver, or skip preloading where there is none"
+            )
         device = torch.cuda.current_device() if device is None else device
         arch = self.arch_for_device(device)
         count = 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..archs import ARCHS
 from ..bundle import MAGIC, BundleReader
+from ..bundle.index_shape import check_kernel_index
 from ..errors import BundleError
 from ..kernels import FAMILIES, config_json
 from .schema import load_manifest, load_manifests
@@ -92,6 +93,7 @@ def _manifest_side(label: str, kind: str, manifests) -> DiffSide:
 def _bundle_side(path: Path) -> DiffSide:
     reader = BundleReader.open(path)
     index = reader.index
+    check_kernel_index(index, str(path))
     if index.get("kind") != _BUNDLE_KIND:
         raise BundleError(
             f"{path}: is not a rose-aot kernel bundle (kind {str(index.get('kind'))[:60]!r}); "

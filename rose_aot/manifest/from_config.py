@@ -77,6 +77,11 @@ def load_model_config(path: str | os.PathLike) -> tuple[dict, Path]:
         ) from exc
     except json.JSONDecodeError as exc:
         raise ManifestError(path, f"invalid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ManifestError(path, "invalid JSON: nested too deeply for a config.json") from exc
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        reason = str(exc).split(";")[0]
+        raise ManifestError(path, f"invalid JSON: {reason}") from exc
     if not isinstance(doc, dict):
         raise ManifestError(path, f"must hold a JSON object (got a {type(doc).__name__})")
     return doc, path
@@ -189,7 +194,9 @@ def _qwen3_moe(v: _View) -> _Model:
         "hidden": model.hidden,
         "intermediate_size": v.int("moe_intermediate_size", "the MoE experts"),
         "shared_experts": 0,
-        "moe_layers": sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0),
+        # Counted, not looped: num_hidden_layers comes from the file and may be huge.
+        "moe_layers": layers // step
+        - sum(1 for i in dense if 0 <= i < layers and (i + 1) % step == 0),
         "scoring": "softmax",
         "renormalize": v.bool("norm_topk_prob", "the MoE routing", default=False),
     }
@@ -272,7 +279,8 @@ def _deepseek_v3(v: _View) -> _Model:
         "hidden": hidden,
         "intermediate_size": v.int("moe_intermediate_size", "the MoE experts"),
         "shared_experts": v.int("n_shared_experts", "the MoE experts", minimum=0),
-        "moe_layers": sum(1 for i in range(first_dense, layers) if i % freq == 0),
+        # Multiples of freq in [first_dense, layers), counted (the layer count may be huge).
+        "moe_layers": max(0, (layers - 1) // freq - (first_dense - 1) // freq),
         "scoring": v.str("scoring_func", "the MoE routing"),
         "renormalize": v.bool("norm_topk_prob", "the MoE routing"),
         "expert_groups": v.int("n_group", "the MoE routing"),
@@ -407,9 +415,9 @@ class DerivedManifest:
 
     def to_toml(self) -> str:
         lines = [
-            f"# Derived by `rose-aot manifest from-config` from {self.source}:",
+            f"# Derived by `rose-aot manifest from-config` from {_comment_text(self.source)}:",
             f"# {self.architecture}"
-            + (f" (model_type {self.model_type})" if self.model_type else "")
+            + (f" (model_type {_comment_text(self.model_type)})" if self.model_type else "")
             + f", tensor parallel {self.tp}, {self.dtype} activations.",
         ]
         lines += _wrap_comment(
@@ -662,7 +670,17 @@ def _fact(v: Any) -> str:
         return "null"
     if isinstance(v, float):
         return _toml_float(v)
-    return json.dumps(v) if not isinstance(v, (int, str)) or isinstance(v, bool) else str(v)
+    if isinstance(v, str):
+        return _comment_text(v)
+    return json.dumps(v) if not isinstance(v, int) or isinstance(v, bool) else str(v)
+
+
+def _comment_text(text: str) -> str:
+    """Text from config.json as it may appear in a TOML comment: on one line, no control
+    characters (a newline would end the comment and inject TOML)."""
+    if text.isprintable():
+        return text
+    return json.dumps(text)[1:-1]
 
 
 def _wrap_comment(text: str, width: int = 98) -> list[str]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .. import settings
 from ..archs import DEFAULT_ARCHS, get_arch
 from ..bundle.format import MAGIC as BUNDLE_MAGIC
 from ..errors import ConfigError, ManifestError
@@ -43,6 +44,7 @@ __all__ = [
     "Point",
     "Manifest",
     "MAX_POINTS_PER_ENTRY",
+    "FP32_MIN_NORMAL",
     "load_manifest",
     "parse_manifest",
     "find_manifests",
@@ -52,6 +54,11 @@ __all__ = [
 # An entry's lists multiply; past this many points a typo (a long list pasted twice) is likelier
 # than a bundle anyone wants to build.
 MAX_POINTS_PER_ENTRY = 4096
+# The kernels compute in fp32: an eps below the smallest normal fp32 is 0 (or flushed to 0) in
+# the kernel, and one above the largest is inf. Limits per manifest and per build: see
+# rose_aot.settings.max_manifest_points / max_build_items.
+FP32_MIN_NORMAL = 1.1754943508222875e-38
+_FP32_MAX = 3.4028234663852886e38
 
 _TOP_LEVEL_KEYS = ("deployment", "kernel")
 _DEPLOYMENT_KEYS = ("name", "description", "archs")
@@ -167,6 +174,15 @@ def load_manifests(paths: Iterable[str | os.PathLike] | str | os.PathLike) -> li
             )
         by_name[manifest.name] = manifest
         manifests.append(manifest)
+    items = {(p.key, arch) for m in manifests for p in m.points for arch in m.archs}
+    limit = settings.max_build_items()
+    if len(items) > limit:
+        raise ManifestError(
+            ", ".join(m.path for m in manifests[:3]) + (", ..." if len(manifests) > 3 else ""),
+            f"these {len(manifests)} manifest(s) need {len(items)} (point, arch) items, more than "
+            f"the limit of {limit} per build (ROSE_AOT_MAX_BUILD_ITEMS); build them in several "
+            "bundles or shorten the manifests",
+        )
     return manifests
 
 
@@ -317,9 +333,17 @@ def _parse_kernels(path: Path, entries: Any) -> tuple[Point, ...]:
             "(double brackets) followed by its fields",
         )
     points: dict[str, Point] = {}
+    limit = settings.max_manifest_points()
     for index, entry in enumerate(entries, start=1):
         for point in _expand_entry(path, index, entry):
             points.setdefault(point.key, point)
+        if len(points) > limit:
+            raise ManifestError(
+                path,
+                f"its [[kernel]] entries (up to #{index}) expand to {len(points)} distinct points, "
+                f"more than the limit of {limit} per manifest (ROSE_AOT_MAX_MANIFEST_POINTS); "
+                "a deployment uses a handful: shorten the lists, or split the manifest",
+            )
     return tuple(points.values())
 
 
@@ -389,6 +413,14 @@ def _expand_entry(path: Path, index: int, entry: dict[str, Any]) -> Iterator[Poi
             config = family.make_config(**values)
         except ConfigError as exc:
             fail(_config_message(exc, values, listed, count), exc.field)
+        eps = getattr(config, "eps", None)
+        if isinstance(eps, float) and not FP32_MIN_NORMAL <= eps <= _FP32_MAX:
+            fail(
+                f"{eps!r} is {'0' if eps < FP32_MIN_NORMAL else 'inf'} in the kernel's fp32 "
+                f"arithmetic; give a value between {FP32_MIN_NORMAL:.4g} and {_FP32_MAX:.4g} "
+                "(typical: 1e-6)",
+                "eps",
+            )
         yield Point(family_name, config)
 
 
