@@ -20,8 +20,25 @@ _TOP = {
     "families": dict,
     "points": list,
 }
-_POINT = {"key": str, "family": str, "arch": str, "config": dict, "variants": list}
-_VARIANT = {"name": str, "entries": list, "block": list, "cubin": str, "ptx": str}
+_POINT = {
+    "key": str,
+    "family": str,
+    "arch": str,
+    "config": dict,
+    "args": list,
+    "workspace": list,
+    "variants": list,
+}
+_VARIANT = {
+    "name": str,
+    "entries": list,
+    "block": list,
+    "params": list,
+    "constants": dict,
+    "resources": dict,
+    "cubin": str,
+    "ptx": str,
+}
 _JSON_NAMES = {str: "a string", list: "an array", dict: "an object", int: "an integer"}
 
 
