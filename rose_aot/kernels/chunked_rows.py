@@ -66,10 +66,23 @@ class ChunkSplit:
 
 def chunk_split(vectors: int, max_threads: int, max_vecs: int) -> ChunkSplit:
     """Split a row of `vectors` accesses over blocks of at most `max_threads` threads, each
-    thread holding at most `max_vecs` vectors, with chunks as equal as possible."""
+    thread holding at most `max_vecs` vectors.
+
+    Prefers an exact split (no predicated vectors): the fewest block columns, then the most
+    vectors per thread; otherwise chunks as equal as possible with the tail predicated."""
     if vectors <= 0 or max_threads % 32 or max_vecs <= 0:
         raise ValueError(f"bad split request: vectors={vectors} threads={max_threads} vecs={max_vecs}")
-    col_blocks = _ceil_div(vectors, max_threads * max_vecs)
+    fewest = _ceil_div(vectors, max_threads * max_vecs)
+    for col_blocks in range(fewest, 2 * fewest + 1):
+        if vectors % col_blocks:
+            continue
+        per_block = vectors // col_blocks
+        for per_thread in range(max_vecs, 0, -1):
+            row_threads, rest = divmod(per_block, per_thread)
+            if not rest and row_threads % 32 == 0 and row_threads <= max_threads:
+                rows = max(1, max_threads // row_threads) if col_blocks == 1 else 1
+                return ChunkSplit(row_threads, per_thread, col_blocks, rows, True)
+    col_blocks = fewest
     per_block = _ceil_div(vectors, col_blocks)
     row_threads = min(max_threads, 32 * _ceil_div(_ceil_div(per_block, max_vecs), 32))
     per_thread = _ceil_div(per_block, row_threads)
@@ -77,23 +90,3 @@ def chunk_split(vectors: int, max_threads: int, max_vecs: int) -> ChunkSplit:
     rows = max(1, max_threads // row_threads) if col_blocks == 1 else 1
     exact = col_blocks * row_threads * per_thread == vectors
     return ChunkSplit(row_threads, per_thread, col_blocks, rows, exact)
-
-
-def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int,
-                 force: str | None = None):
-    """(variant name, grid) of the one launch of a chunked-row family, or None for no tokens.
-
-    Decode while the batch, at one vector per thread, is at most `decode_warps_per_sm` warps
-    per SM: vectors_per_row comes from the decode variant's constants."""
-    if tokens == 0:
-        return None
-    decode = variants["decode"]
-    k = decode.constants
-    vectors = k["row_threads"] * k["vecs_per_thread"] * k["col_blocks"]
-    use_decode = tokens * vectors <= 32 * decode_warps_per_sm * sm_count
-    if force is not None:
-        use_decode = force == "decode"
-    name = "decode" if use_decode else "prefill"
-    v = variants[name]
-    rows = v.constants["rows_per_block"]
-    return name, (-(-tokens // rows), v.constants["col_blocks"], 1)
