@@ -14,28 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ChunkSplit", "chunk_split", "chunked_plan", "access_bytes", "vector_elems"]
+from .spec import Launch
+
+__all__ = ["ChunkSplit", "chunk_split", "chunked_plan"]
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def access_bytes(arch) -> int:
-    """Bytes of one vector access on `arch` (an Arch fact once main's Arch carries it)."""
-    value = getattr(arch, "access_bytes", None)
-    if value is not None:
-        return int(value)
-    return 32 if arch.capability[0] >= 10 else 16
-
-
-def vector_elems(bits: int, arch, row_elems: int) -> int:
-    """Elements per vector access of a `bits`-wide dtype on `arch`, narrowed to 16 bytes when a
-    row of `row_elems` elements is not a multiple of the wide vector."""
-    width = access_bytes(arch)
-    while width > 16 and row_elems % (width * 8 // bits):
-        width //= 2
-    return width * 8 // bits
 
 
 @dataclass(frozen=True)
@@ -90,3 +75,22 @@ def chunk_split(vectors: int, max_threads: int, max_vecs: int) -> ChunkSplit:
     rows = max(1, max_threads // row_threads) if col_blocks == 1 else 1
     exact = col_blocks * row_threads * per_thread == vectors
     return ChunkSplit(row_threads, per_thread, col_blocks, rows, exact)
+
+
+def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int,
+                 force: str | None = None) -> Launch | None:
+    """The one launch of a chunked-row family (None for no tokens).
+
+    Decode while the batch, at one vector per thread, is at most `decode_warps_per_sm` warps
+    per SM; the row's vector count is read from the decode variant's constants."""
+    if tokens == 0:
+        return None
+    k = variants["decode"].constants
+    vectors = k["row_threads"] * k["vecs_per_thread"] * k["col_blocks"]
+    use_decode = tokens * vectors <= 32 * decode_warps_per_sm * sm_count
+    if force is not None:
+        use_decode = force == "decode"
+    name = "decode" if use_decode else "prefill"
+    v = variants[name]
+    rows = v.constants["rows_per_block"]
+    return Launch(name, (-(-tokens // rows), v.constants["col_blocks"], 1))

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ...archs import Arch
 from ...errors import ConfigError
 from ..base import KernelFamily, choice
-from ..chunked_rows import chunk_split, chunked_plan, vector_elems
+from ..chunked_rows import chunk_split, chunked_plan
+from ..rowwise import access_bytes, vector_width
 from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
 from .tuning import DECODE_MAX_VECS, DECODE_THREADS, DECODE_WARPS_PER_SM, PREFILL_MAX_VECS, PREFILL_THREADS
 
@@ -63,7 +64,7 @@ class ActAndMul(KernelFamily):
 
     def vec(self, c: ActAndMulConfig, arch: Arch) -> int:
         """Elements per access, the same for input and output (both 16-bit dtypes)."""
-        return vector_elems(_bits(c.dtype), arch, c.d)
+        return vector_width(c.dtype, access_bytes(arch, c.d * _bits(c.dtype) // 8))
 
     def args(self, c: ActAndMulConfig, arch: Arch) -> tuple[TensorArg, ...]:
         tokens = Dim("tokens")
@@ -100,9 +101,4 @@ class ActAndMul(KernelFamily):
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
         chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM, force)
-        return () if chosen is None else (Launch(*chosen),)
-
-    def reference(self, c: ActAndMulConfig, x, out) -> None:
-        from .reference import act_and_mul_reference
-
-        act_and_mul_reference(c, x, out)
+        return () if chosen is None else (chosen,)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["activation64", "act_and_mul64", "act_and_mul_reference"]
+__all__ = ["activation64", "act_and_mul64", "reference"]
 
 
 def activation64(a, activation: str):
@@ -27,5 +27,6 @@ def act_and_mul64(x, d: int, activation: str):
     return activation64(x[..., :d], activation) * x[..., d : 2 * d].double()
 
 
-def act_and_mul_reference(config, x, out) -> None:
+def reference(config, x, out) -> None:
+    """out = act(x[:, :d]) * x[:, d:], from float64."""
     out.copy_(act_and_mul64(x, config.d, config.activation).to(out.dtype))

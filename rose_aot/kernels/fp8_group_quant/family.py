@@ -47,7 +47,8 @@ from ..act_and_mul.tuning import (
     PREFILL_THREADS,
 )
 from ..base import KernelFamily, choice
-from ..chunked_rows import chunk_split, chunked_plan, vector_elems
+from ..chunked_rows import chunk_split, chunked_plan
+from ..rowwise import access_bytes, vector_width
 from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["Fp8GroupQuantConfig", "Fp8GroupQuant", "SCALE_LAYOUTS", "FP8_MAX", "quant_args",
@@ -83,15 +84,17 @@ def validate_quant(family: str, c, width_field: str, width: int) -> None:
 def quant_args(c, arch: Arch, width: int, x_width: int) -> tuple[TensorArg, ...]:
     """x [tokens, x_width], q [tokens, width] e4m3, scales [tokens, width/group] fp32."""
     tokens = Dim("tokens")
-    vec = vector_elems(DTYPES[c.dtype].bits, arch, width)
+    vec = vector_width(c.dtype, access_bytes(arch, width * DTYPES[c.dtype].bits // 8))
     groups = width // c.group
     x_stride = Dim("x_row_stride", width=64, divisibility=vec)
     q_stride = Dim("q_row_stride", width=64, divisibility=vec)
     if c.scale_layout == "row_major":
-        scales = TensorArg("scales", "float32", (tokens, groups), (groups, 1), 4, role="output")
+        scales = TensorArg("scales", "float32", (tokens, groups), (groups, 1), 4, role="output",
+                           layout="row_major")
     else:
         padded = Dim("scales_tokens_padded", width=64, divisibility=4)
-        scales = TensorArg("scales", "float32", (tokens, groups), (1, padded), 16, role="output")
+        scales = TensorArg("scales", "float32", (tokens, groups), (1, padded), 16, role="output",
+                           layout="col_major_tma")
     return (
         TensorArg("x", c.dtype, (tokens, x_width), (x_stride, 1), vec * DTYPES[c.dtype].bits // 8,
                   role="input"),
@@ -101,7 +104,7 @@ def quant_args(c, arch: Arch, width: int, x_width: int) -> tuple[TensorArg, ...]
 
 
 def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...]) -> tuple[Variant, ...]:
-    vec = vector_elems(DTYPES[c.dtype].bits, arch, width)
+    vec = vector_width(c.dtype, access_bytes(arch, width * DTYPES[c.dtype].bits // 8))
     out = []
     for name, threads, vecs in (
         ("decode", DECODE_THREADS, DECODE_MAX_VECS),
@@ -131,9 +134,4 @@ class Fp8GroupQuant(KernelFamily):
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
         chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM, force)
-        return () if chosen is None else (Launch(*chosen),)
-
-    def reference(self, c: Fp8GroupQuantConfig, x, q, scales) -> None:
-        from .reference import fp8_group_quant_reference
-
-        fp8_group_quant_reference(c, x, q, scales)
+        return () if chosen is None else (chosen,)

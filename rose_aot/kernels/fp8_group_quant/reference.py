@@ -9,7 +9,7 @@ explicit step keeps the reference independent of that detail).
 
 from __future__ import annotations
 
-__all__ = ["group_scales64", "quantize_groups", "fp8_group_quant_reference"]
+__all__ = ["group_scales64", "quantize_groups", "reference"]
 
 FP8_MAX = 448.0
 
@@ -47,7 +47,7 @@ def quantize_groups(y, group: int, eps: float, ue8m0: bool):
     return q.reshape(t, h), scale.float()
 
 
-def fp8_group_quant_reference(config, x, q, scales) -> None:
+def reference(config, x, q, scales) -> None:
     qv, sv = quantize_groups(x.double(), config.group, config.eps, config.ue8m0)
     q.copy_(qv)
     scales.copy_(sv)
