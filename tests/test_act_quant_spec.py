@@ -402,3 +402,66 @@ def test_compiles_with_expected_ptx(family, values, arch):
             assert shuffles == (lanes.bit_length() - 1) * v.constants["vecs_per_thread"]
             assert ("0x600000" in ptx) == c.ue8m0  # the exact power-of-two scale
             assert ("div.rn.f32" in ptx)
+
+
+# ----------------------------------------------------------------------------- the GPU suite's checks
+def _gpu_cases():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "gpu" / "act_quant_cases.py"
+    spec = importlib.util.spec_from_file_location("act_quant_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_stand_in(family_name, c, want, views):
+    """What a correct kernel writes: the reference, in the poisoned views."""
+    if family_name == "act_and_mul":
+        views["out"].copy_(want["out"].to(views["out"].dtype))
+    else:
+        views["q"].copy_(want["q"])
+        views["scales"].copy_(want["scales"])
+
+
+@pytest.mark.parametrize("family,values", [
+    ("act_and_mul", dict(d=256, activation="gelu")),
+    ("act_and_mul", dict(d=256, activation="silu", dtype="float16")),
+    ("fp8_group_quant", dict(hidden=256, group=64, scale_layout="col_major_tma")),
+    ("fp8_group_quant", dict(hidden=256, group=128, ue8m0=True)),
+    ("act_and_mul_fp8_quant", dict(d=256, activation="silu", group=128, scale_layout="col_major_tma")),
+    ("act_and_mul_fp8_quant", dict(d=256, activation="gelu_tanh", group=64, ue8m0=True)),
+])
+def test_gpu_suite_checks_pass_on_the_reference_and_catch_errors(family, values):
+    cases = _gpu_cases()
+    fam, c = _point(family, **values)
+    tokens = 7
+    args, want, views = cases.make_case(family, c, tokens, seed=3, device="cpu")
+    # a kernel that writes nothing fails (outputs are poisoned)
+    with pytest.raises(AssertionError):
+        cases.compare(family, c, want, views, "unwritten")
+    _run_stand_in(family, c, want, views)
+    cases.compare(family, c, want, views, "reference")
+    if family == "act_and_mul":
+        out = views["out"]
+        v = out[3, 5].item()
+        out[3, 5] = v + 3 * abs(v) * 2.0**-7 + 1e-3  # well past one ulp
+        with pytest.raises(AssertionError, match="1 ulp"):
+            cases.compare(family, c, want, views, "perturbed")
+        return
+    q = views["q"].view(torch.uint8)
+    code = q[4, 9].item()
+    q[4, 9] = code ^ 0x04  # four e4m3 steps away (or another binade)
+    with pytest.raises(AssertionError):
+        cases.compare(family, c, want, views, "perturbed code")
+    q[4, 9] = code
+    cases.compare(family, c, want, views, "restored")
+    views["scales"][2, 1] *= 1.5
+    with pytest.raises(AssertionError, match="scale"):
+        cases.compare(family, c, want, views, "perturbed scale")
+    if views["padding"] is not None:
+        views["scales"][2, 1] = want["scales"][2, 1]
+        views["padding"].zero_()
+        with pytest.raises(AssertionError, match="padding"):
+            cases.compare(family, c, want, views, "padding written")
