@@ -163,13 +163,21 @@ def test_plan_switch_point_grows_with_sm_count():
 
 
 # ----------------------------------------------------------------------------- references: activations
+def _sigmoid(k: float) -> float:
+    if k >= 0:
+        return 1.0 / (1.0 + math.exp(-k))
+    e = math.exp(k)
+    return e / (1.0 + e)
+
+
 def _act_math(a: float, activation: str) -> float:
+    """The activations with Python's math module, in cancellation-free forms."""
     if activation == "silu":
-        return a / (1.0 + math.exp(-a))
+        return a * _sigmoid(a)
     if activation == "gelu":
-        return 0.5 * a * (1.0 + math.erf(a / math.sqrt(2.0)))
+        return 0.5 * a * math.erfc(-a / math.sqrt(2.0))
     u = math.sqrt(2.0 / math.pi) * (a + 0.044715 * a**3)
-    return 0.5 * a * (1.0 + math.tanh(u))
+    return a * _sigmoid(2.0 * u)
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh"])
@@ -185,12 +193,26 @@ def test_act_and_mul_reference(activation, dtype):
         for j in range(64):
             want = _act_math(float(x[t, j]), activation) * float(x[t, 64 + j])
             assert float(out[t, j]) == float(torch.tensor(want, dtype=torch.float64).to(tdt))
-    # torch's own float64 definitions agree
+    # torch's own float64 definitions agree where they do not cancel (|a| <= 5)
     x64 = x.double()
-    ref = {"silu": torch.nn.functional.silu(x64[:, :64]),
-           "gelu": torch.nn.functional.gelu(x64[:, :64]),
-           "gelu_tanh": torch.nn.functional.gelu(x64[:, :64], approximate="tanh")}[activation]
-    assert torch.equal(out, (ref * x64[:, 64:]).to(tdt))
+    a = x64[:, :64]
+    ref = {"silu": torch.nn.functional.silu(a),
+           "gelu": torch.nn.functional.gelu(a),
+           "gelu_tanh": torch.nn.functional.gelu(a, approximate="tanh")}[activation]
+    keep = a.abs() <= 5
+    assert torch.equal(out[keep], (ref * x64[:, 64:]).to(tdt)[keep])
+
+
+def test_activation_reference_has_no_cancellation_for_large_negative_inputs():
+    from rose_aot.kernels.act_and_mul.reference import activation64
+
+    a = torch.tensor([-9.0, -12.0, -15.0], dtype=torch.float64)
+    for activation in ("gelu", "gelu_tanh", "silu"):
+        got = activation64(a, activation)
+        want = torch.tensor([_act_math(float(v), activation) for v in a], dtype=torch.float64)
+        assert (got < 0).all() and torch.allclose(got, want, rtol=1e-12, atol=0)
+    # the textbook gelu_tanh form rounds 1 + tanh(u) to 0 here
+    assert torch.nn.functional.gelu(a, approximate="tanh")[0] == 0
 
 
 # ----------------------------------------------------------------------------- references: FP8

@@ -16,20 +16,29 @@ __all__ = ["host_function", "activate", "load_chunk", "store_chunk"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _NEG_SQRT1_2 = -math.sqrt(0.5)
+_NEG_HALF_LOG2_E = -0.5 / math.log(2.0)
 
 
 @cute.jit
 def activate(a, activation: cutlass.Constexpr):
-    """act(a) in fp32 for a TensorSSA `a`, in forms without cancellation for negative a."""
-    if const_expr(activation == "silu"):
-        y = a / (1.0 + cute.math.exp(-a, fastmath=True))
-    elif const_expr(activation == "gelu_tanh"):
-        # 0.5 a (1 + tanh(u)) == a * sigmoid(2u)
-        u2 = (2.0 * _SQRT_2_OVER_PI) * (a + 0.044715 * (a * a * a))
-        y = a / (1.0 + cute.math.exp(-u2, fastmath=True))
-    else:
-        # 0.5 a (1 + erf(a/sqrt2)) == 0.5 a erfc(-a/sqrt2): no cancellation for a << 0
+    """act(a) in fp32 for a TensorSSA `a`, accurate to the last bf16/fp16 bit down to underflow.
+
+    silu and gelu_tanh are a * sigmoid(k) (k = a, resp. 2 sqrt(2/pi) (a + 0.044715 a^3), as
+    0.5 (1 + tanh(u)) == sigmoid(2u)). sigmoid(k) = 1 / (1 + e) for k >= 0 and e / (1 + e) for
+    k < 0, with e = exp(-|k|) = h * h, h = exp(-|k| / 2): h stays a normal fp32 number where e
+    underflows, so the tail a * e / (1 + e) is formed as (a h) (h / (1 + e)) and loses nothing
+    to ex2.approx's flush of subnormal results. gelu is 0.5 a erfc(-a / sqrt 2) (no
+    cancellation for a << 0; libdevice erfcf)."""
+    if const_expr(activation == "gelu"):
         y = 0.5 * a * cute.math.erfc(a * _NEG_SQRT1_2, fastmath=False)
+    else:
+        if const_expr(activation == "silu"):
+            k = a
+        else:
+            k = (2.0 * _SQRT_2_OVER_PI) * (a + 0.044715 * (a * a * a))
+        h = cute.math.exp2(cute.math.absf(k) * _NEG_HALF_LOG2_E, fastmath=True)
+        r = cute.math.rcp(1.0 + h * h, fastmath=True)
+        y = cute.where(k >= 0.0, a * r, (a * h) * (h * r))
     return y
 
 
