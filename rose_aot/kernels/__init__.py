@@ -8,6 +8,7 @@ from ..errors import ConfigError
 from .base import KernelFamily, config_digest, config_json, kernel_source_digest, point_key
 from .act_and_mul import ActAndMul
 from .act_and_mul_fp8_quant import ActAndMulFp8Quant
+from .block_scaled_quant import BlockScaledQuant
 from .fp8_group_quant import Fp8GroupQuant
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
@@ -35,6 +36,7 @@ FAMILIES: dict[str, KernelFamily] = {
         ActAndMul(),
         Fp8GroupQuant(),
         ActAndMulFp8Quant(),
+        BlockScaledQuant(),
     )
 }
 
