@@ -442,6 +442,9 @@ def _run_stand_in(family_name, c, want, views):
     """What a correct kernel writes: the reference, in the poisoned views."""
     if family_name == "act_and_mul":
         views["out"].copy_(want["out"].to(views["out"].dtype))
+    elif family_name == "block_scaled_quant":
+        views["q"].view(torch.uint8).copy_(want["q"])
+        views["scales"].view(torch.uint8).copy_(want["scales"])
     else:
         views["q"].copy_(want["q"])
         views["scales"].copy_(want["scales"])
@@ -454,6 +457,9 @@ def _run_stand_in(family_name, c, want, views):
     ("fp8_group_quant", dict(hidden=256, group=128, ue8m0=True)),
     ("act_and_mul_fp8_quant", dict(d=256, activation="silu", group=128, scale_layout="col_major_tma")),
     ("act_and_mul_fp8_quant", dict(d=256, activation="gelu_tanh", group=64, ue8m0=True)),
+    ("block_scaled_quant", dict(hidden=256, format="mxfp8")),
+    ("block_scaled_quant", dict(hidden=256, format="mxfp4", scale_layout="row_major")),
+    ("block_scaled_quant", dict(hidden=256, format="nvfp4")),
 ])
 def test_gpu_suite_checks_pass_on_the_reference_and_catch_errors(family, values):
     cases = _gpu_cases()
@@ -471,6 +477,17 @@ def test_gpu_suite_checks_pass_on_the_reference_and_catch_errors(family, values)
         out[3, 5] = v + 3 * abs(v) * 2.0**-7 + 1e-3  # well past one ulp
         with pytest.raises(AssertionError, match="1 ulp"):
             cases.compare(family, c, want, views, "perturbed")
+        return
+    if family == "block_scaled_quant":
+        q = views["q"].view(torch.uint8)
+        q[4, 9] ^= 0x11
+        with pytest.raises(AssertionError, match="q bytes"):
+            cases.compare(family, c, want, views, "perturbed data")
+        q[4, 9] ^= 0x11
+        s = views["scales"].view(torch.uint8)
+        s[-1, -1] ^= 0x01  # a padding entry (swizzled) or the last scale (row-major)
+        with pytest.raises(AssertionError, match="scales bytes"):
+            cases.compare(family, c, want, views, "perturbed scales")
         return
     q = views["q"].view(torch.uint8)
     code = q[4, 9].item()

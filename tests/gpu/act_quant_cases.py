@@ -8,6 +8,8 @@ Tolerances (one table, with the reason):
   fp32; fp32 error of exp/erfc and the products is far below half an ulp of bf16/fp16).
 - fp8_group_quant: bit-exact codes and scales (the definition is exact in fp32); NaN codes
   compare as NaN (0x7F and 0xFF are both NaN).
+- block_scaled_quant: bit-exact data bytes and scale bytes, over the whole scale buffer (the
+  swizzled layout's padding must keep its poison). Inputs finite (the formats' policy).
 - act_and_mul_fp8_quant: y = act(gate) * up is fp32 in the kernel and float64 in the reference,
   so a group's absmax differs by a few fp32 ulps: scales within 2^-18 relative (UE8M0: equal, or
   a factor 2 when the absmax sits on a power-of-two boundary, in at most 0.1% of groups); in
@@ -35,6 +37,8 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
 
     gen = torch.Generator().manual_seed(seed)
     dt = getattr(torch, config.dtype)
+    if family_name == "block_scaled_quant":
+        return _block_scaled_case(config, tokens, gen, dt, device)
     if family_name == "act_and_mul":
         width, x_width = config.d, 2 * config.d
     elif family_name == "fp8_group_quant":
@@ -76,6 +80,41 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
     return (x_dev, q, scales), {"q": want_q, "scales": want_s}, views
 
 
+def _block_scaled_case(config, tokens, gen, dt, device):
+    import torch
+
+    fmt, h = config.format, config.hidden
+    block = 16 if fmt == "nvfp4" else 32
+    groups = h // block
+    x = torch.randn(tokens, h + 64, generator=gen)
+    mags = torch.logspace(-3, 3, 7)[torch.randint(0, 7, (tokens, groups), generator=gen)]
+    x[:, :h] *= mags.repeat_interleave(block, dim=1)
+    if tokens >= 3:
+        x[1, :block] = 0.0
+        x[2, :block] = -1.5
+    x = x.to(dt)
+    x_cpu = x[:, :h].contiguous()
+    x_dev = x.to(device)[:, :h]
+    qdt = torch.float8_e4m3fn if fmt == "mxfp8" else torch.float4_e2m1fn_x2
+    sdt = torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu
+    q = torch.full((tokens, h if fmt == "mxfp8" else h // 2), 0xFF, dtype=torch.uint8)
+    if config.scale_layout == "row_major":
+        s = torch.full((tokens, groups), 0xEE, dtype=torch.uint8)
+    else:
+        s = torch.full((-(-tokens // 128) * 128, -(-groups // 4) * 4), 0xEE, dtype=torch.uint8)
+    want_q, want_s = q.clone(), s.clone()
+    inputs = [x_cpu]
+    dev_inputs = [x_dev]
+    if fmt == "nvfp4":
+        amax = x_cpu.float().abs().amax().clamp(min=1e-12)
+        g = (448.0 * 6.0 / amax).reshape(1).float()
+        inputs.append(g)
+        dev_inputs.append(g.to(device))
+    get_family_reference("block_scaled_quant")(config, *inputs, want_q.view(qdt), want_s.view(sdt))
+    q_dev, s_dev = q.to(device).view(qdt), s.to(device).view(sdt)
+    return (*dev_inputs, q_dev, s_dev), {"q": want_q, "scales": want_s}, {"q": q_dev, "scales": s_dev}
+
+
 def get_family_reference(family_name: str):
     from rose_aot.kernels import get_family
 
@@ -105,6 +144,17 @@ def compare(family_name: str, config, want: dict, views: dict, label: str) -> No
                 f"{label}: {int(bad.sum())} elements off by more than 1 ulp; first {list(i)}: "
                 f"got {got[i].item()!r} want {exact[i].item()!r}"
             )
+        return
+    if family_name == "block_scaled_quant":
+        for name in ("q", "scales"):
+            got = views[name].cpu().view(torch.uint8)
+            bad = got != want[name]
+            if bad.any():
+                i = tuple(_first_bad(bad))
+                raise AssertionError(
+                    f"{label}: {int(bad.sum())} {name} bytes differ; first {list(i)}: got "
+                    f"{got[i].item():#04x} want {want[name][i].item():#04x}"
+                )
         return
     q = views["q"].cpu().view(torch.uint8)
     s = views["scales"].cpu()
