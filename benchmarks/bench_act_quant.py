@@ -1,5 +1,6 @@
-"""act_and_mul, fp8_group_quant and act_and_mul_fp8_quant from a CPU-built bundle against
-torch eager, torch.compile of the same math and (where installed) Liger-Kernel's SiLU-mul.
+"""act_and_mul, fp8_group_quant, act_and_mul_fp8_quant and block_scaled_quant from a CPU-built
+bundle against torch eager, torch.compile of the same math and (where installed) Liger-Kernel's
+SiLU-mul. block_scaled_quant's torch peer is MXFP8 with row-major scales (no fp4 peer).
 
     python benchmarks/bench_act_quant.py BUNDLE [--family act_and_mul|fp8_group_quant|
         act_and_mul_fp8_quant|all] [--tokens 1,16,...] [--widths 2048,4096,...]
@@ -34,7 +35,7 @@ TOKENS = [1, 16, 128, 1024, 8192, 32768]
 GROUP = 128
 EPS = 1e-10
 CHECK_ROWS = 64  # rows compared with the float64 reference (a CPU reference of all is too slow)
-FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant")
+FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant")
 
 
 # ----------------------------------------------------------------------------- torch peers
@@ -207,6 +208,61 @@ def bench_quant(bundle, tokens_list, widths, rows, fused):
                 rows.append(_measure(family, f"{layout}/{h}", t, nbytes, impls, plan))
 
 
+def mxfp8_torch(x, q, scales):
+    """MXFP8 (scale rounded up to a power of two) with row-major E8M0 scales, in torch."""
+    import torch
+
+    t, h = x.shape
+    g = x.float().view(t, h // 32, 32)
+    amax = g.abs().amax(-1).clamp(min=2.0**-126)
+    e = torch.ceil(torch.log2(amax / 448.0)).clamp(-127, 127)
+    q.copy_((g * torch.exp2(-e).unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(t, h))
+    scales.view(torch.uint8).copy_((e + 127).to(torch.uint8))
+
+
+def bench_block_scaled(bundle, tokens_list, widths, rows):
+    import torch
+
+    from act_quant_cases import compare, make_case
+
+    compiled = torch.compile(mxfp8_torch)
+    for fmt in ("mxfp8", "mxfp4", "nvfp4"):
+        for h in widths:
+            values = dict(hidden=h, format=fmt, scale_layout="swizzled_128x4")
+            ours = bundle.kernel("block_scaled_quant", **values)
+            config = ours.config
+            for t in tokens_list:
+                args, want, views = make_case("block_scaled_quant", config, min(t, CHECK_ROWS),
+                                              seed=t + h)
+                ours(*args)
+                torch.cuda.synchronize()
+                compare("block_scaled_quant", config, want, views, f"block_scaled {values} T={t}")
+                gen = torch.Generator(device="cuda").manual_seed(t + h)
+                x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+                block = 16 if fmt == "nvfp4" else 32
+                groups = h // block
+                qdt = torch.float8_e4m3fn if fmt == "mxfp8" else torch.float4_e2m1fn_x2
+                sdt = torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu
+                q = torch.empty(t, h if fmt == "mxfp8" else h // 2, device="cuda", dtype=torch.uint8).view(qdt)
+                s = torch.zeros(-(-t // 128) * 128, -(-groups // 4) * 4, device="cuda",
+                                dtype=torch.uint8).view(sdt)
+                call = [x, q, s]
+                if fmt == "nvfp4":
+                    call.insert(1, torch.tensor([448.0 * 6.0 / 4.0], device="cuda"))
+                impls = {
+                    "rose_aot": lambda: ours(*call),
+                    "rose_aot_decode": lambda: ours(*call, variant="decode"),
+                    "rose_aot_prefill": lambda: ours(*call, variant="prefill"),
+                }
+                if fmt == "mxfp8":
+                    s_lin = torch.empty(t, groups, device="cuda", dtype=torch.uint8).view(sdt)
+                    impls["torch_eager_rowmajor"] = lambda: mxfp8_torch(x, q, s_lin)
+                    impls["torch_compile_rowmajor"] = lambda: compiled(x, q, s_lin)
+                nbytes = x.numel() * 2 + q.numel() + t * groups
+                plan = ours.plan(*call)[0].variant
+                rows.append(_measure("block_scaled_quant", f"{fmt}/{h}", t, nbytes, impls, plan))
+
+
 # ----------------------------------------------------------------------------- output
 def report(rows, copy_tbs, env, out, name):
     lines = [
@@ -298,6 +354,8 @@ def main() -> None:
         bench_quant(bundle, tokens, widths, rows, fused=False)
     if args.family in ("act_and_mul_fp8_quant", "all"):
         bench_quant(bundle, tokens, widths, rows, fused=True)
+    if args.family in ("block_scaled_quant", "all"):
+        bench_block_scaled(bundle, tokens, widths, rows)
     with open(os.path.join(out, f"act_quant-{args.family}.json"), "w") as f:
         json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows}, f, indent=1)
     report(rows, copy_tbs, env, out, args.family)

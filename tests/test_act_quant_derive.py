@@ -113,3 +113,32 @@ def test_errors_name_the_field():
     config["hidden_act"] = "relu2"
     with pytest.raises(ManifestError, match="hidden_act"):
         _entries(config)
+
+
+def _block_scaled(config, archs, tp=1):
+    from rose_aot.kernels.block_scaled_quant import derive as block_derive
+
+    view, arch = _view(config)
+    return [dict(e.fields) for e in block_derive.derive(view, architecture=arch, tp=tp,
+                                                          dtype="bfloat16", archs=archs)]
+
+
+def test_block_scaled_points():
+    # gpt-oss: MXFP4 expert weights -> MXFP8 activations on Blackwell, none for Hopper only
+    assert _block_scaled(_load("gpt-oss-20b"), ("sm_90a",)) == []
+    pts = _block_scaled(_load("gpt-oss-120b"), ("sm_90a", "sm_100a"))
+    assert pts == [dict(hidden=2880, format="mxfp8", dtype="bfloat16", scale_layout="swizzled_128x4")]
+    # a ModelOpt NVFP4 checkpoint of Llama 3.1 8B
+    config = _load("llama-3.1-8b")
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                     "group_size": 16}
+    pts = _block_scaled(config, ("sm_100a",), tp=2)
+    assert [(p["hidden"], p["format"]) for p in pts] == [(4096, "nvfp4"), (7168, "nvfp4")]
+    for family, values in _points([("block_scaled_quant", p) for p in pts]):
+        get_family(family).make_config(**values)
+    # unquantized and fp8 models: none
+    assert _block_scaled(_load("qwen3-8b"), ("sm_100a",)) == []
+    assert _block_scaled(_load("deepseek-v3"), ("sm_100a",)) == []
+    config["quantization_config"]["group_size"] = 32
+    with pytest.raises(ManifestError, match="group_size"):
+        _block_scaled(config, ("sm_100a",))
