@@ -1,5 +1,7 @@
-"""Derivation of the activation / FP8 quantization points from the model configs in
-tests/data/hf_configs (per-family derive.py; the manifest deriver wires them in)."""
+"""Derivation of the activation / quantization points from the model configs in
+tests/data/hf_configs: the config readers (read_mlp, read_fp8_group, read_block_scaled) fill
+ModelFacts, and each family's derive module (reached through KernelFamily.derive, as
+``manifest from-config`` does) turns the facts into [[kernel]] entries."""
 
 from __future__ import annotations
 
@@ -12,32 +14,39 @@ import pytest
 
 from rose_aot.errors import ManifestError
 from rose_aot.kernels import get_family
-from rose_aot.kernels.act_and_mul import derive as act_derive
-from rose_aot.kernels.act_and_mul_fp8_quant import derive as fused_derive
-from rose_aot.kernels.fp8_group_quant import derive as quant_derive
+from rose_aot.kernels.act_and_mul.derive import read_mlp
+from rose_aot.kernels.block_scaled_quant.derive import read_block_scaled
+from rose_aot.kernels.fp8_group_quant.derive import read_fp8_group
 from rose_aot.manifest.from_config import _ARCHITECTURES, _View
+from rose_aot.manifest.model import ModelFacts, MoeFacts
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "hf_configs"
-
-
-def _view(config: dict, name: str = "model"):
-    architecture = config["architectures"][0]
-    nested = _ARCHITECTURES[architecture][1]
-    data = config[nested] if nested else config
-    return _View(data, f"{name}/config.json", architecture, nested + "." if nested else ""), architecture
+FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant")
 
 
 def _load(name: str) -> dict:
     return json.loads((CONFIGS / name / "config.json").read_text())
 
 
+def _facts(config: dict, tp: int = 1, archs=("sm_90a",)) -> ModelFacts:
+    """ModelFacts as the manifest deriver builds them, plus this issue's readers."""
+    architecture = config["architectures"][0]
+    reader, nested = _ARCHITECTURES[architecture]
+    data = config[nested] if nested else config
+    view = _View(data, "model/config.json", architecture, nested + "." if nested else "")
+    model = reader(view)
+    moe = None
+    if model.moe is not None:
+        moe = MoeFacts(**model.moe, tp=tp, experts_per_rank=model.moe["num_experts"] // tp)
+    return ModelFacts(hidden=model.hidden, eps=model.eps, tp=tp, moe=moe, archs=tuple(archs),
+                      **read_mlp(view, architecture, tp), fp8_group=read_fp8_group(view),
+                      block_scaled=read_block_scaled(view))
+
+
 def _entries(config, tp=1, archs=("sm_90a",)):
-    out = {}
-    for key, mod in (("act", act_derive), ("quant", quant_derive), ("fused", fused_derive)):
-        view, arch = _view(config)
-        out[key] = [(e.family, dict(e.fields)) for e in mod.derive(view, architecture=arch, tp=tp,
-                                                                   dtype="bfloat16", archs=archs)]
-    return out
+    facts = _facts(config, tp, archs)
+    return {name: [(e.family, dict(e.fields)) for e in get_family(name).derive(facts)]
+            for name in FAMILIES}
 
 
 def _points(entries):
@@ -65,32 +74,32 @@ def _points(entries):
 )
 def test_activation_points(name, tp, widths, act):
     e = _entries(_load(name), tp)
-    assert [f["d"] for _, f in e["act"]] == widths
-    assert all(f["activation"] == act and f["dtype"] == "bfloat16" for _, f in e["act"])
-    for family, values in _points(e["act"]):
+    assert [f["d"] for _, f in e["act_and_mul"]] == widths
+    assert all(f["activation"] == act and f["dtype"] == "bfloat16" for _, f in e["act_and_mul"])
+    for family, values in _points(e["act_and_mul"]):
         get_family(family).make_config(**values)
 
 
 def test_fp8_points_of_deepseek_v3():
     e = _entries(_load("deepseek-v3"), tp=8)
-    assert e["quant"] == [("fp8_group_quant", dict(hidden=7168, group=128, dtype="bfloat16",
+    assert e["fp8_group_quant"] == [("fp8_group_quant", dict(hidden=7168, group=128, dtype="bfloat16",
                                                    scale_layout="col_major_tma", ue8m0=False))]
-    assert [f["d"] for _, f in e["fused"]] == [2304, 2048, 256]
-    assert all(f["group"] == 128 and f["activation"] == "silu" for _, f in e["fused"])
-    for family, values in _points(e["quant"] + e["fused"]):
+    assert [f["d"] for _, f in e["act_and_mul_fp8_quant"]] == [2304, 2048, 256]
+    assert all(f["group"] == 128 and f["activation"] == "silu" for _, f in e["act_and_mul_fp8_quant"])
+    for family, values in _points(e["fp8_group_quant"] + e["act_and_mul_fp8_quant"]):
         get_family(family).make_config(**values)
 
 
 def test_blackwell_targets_add_ue8m0_scales():
     e = _entries(_load("deepseek-v3"), archs=("sm_90a", "sm_100a"))
-    assert e["quant"][0][1]["ue8m0"] == [False, True]
-    assert len(list(_points(e["fused"]))) == 2 * len(e["fused"])
+    assert e["fp8_group_quant"][0][1]["ue8m0"] == [False, True]
+    assert len(list(_points(e["act_and_mul_fp8_quant"]))) == 2 * len(e["act_and_mul_fp8_quant"])
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "gemma-3-12b", "gpt-oss-120b"])
 def test_unquantized_or_non_fp8_models_get_no_fp8_points(name):
     e = _entries(_load(name))
-    assert e["quant"] == [] and e["fused"] == []  # gpt-oss is mxfp4, not fp8 blocks
+    assert e["fp8_group_quant"] == [] and e["act_and_mul_fp8_quant"] == []  # gpt-oss is mxfp4, not fp8 blocks
 
 
 def test_qwen3_fp8_release():
@@ -98,8 +107,8 @@ def test_qwen3_fp8_release():
     config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
                                      "weight_block_size": [128, 128], "fmt": "e4m3"}
     e = _entries(config, tp=2)
-    assert [f["hidden"] for _, f in e["quant"]] == [4096]
-    assert [f["d"] for _, f in e["fused"]] == [6144]
+    assert [f["hidden"] for _, f in e["fp8_group_quant"]] == [4096]
+    assert [f["d"] for _, f in e["act_and_mul_fp8_quant"]] == [6144]
 
 
 def test_errors_name_the_field():
@@ -116,11 +125,7 @@ def test_errors_name_the_field():
 
 
 def _block_scaled(config, archs, tp=1):
-    from rose_aot.kernels.block_scaled_quant import derive as block_derive
-
-    view, arch = _view(config)
-    return [dict(e.fields) for e in block_derive.derive(view, architecture=arch, tp=tp,
-                                                          dtype="bfloat16", archs=archs)]
+    return [f for _, f in _entries(config, tp, archs)["block_scaled_quant"]]
 
 
 def test_block_scaled_points():

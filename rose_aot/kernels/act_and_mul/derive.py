@@ -1,8 +1,5 @@
-"""Manifest entries of act_and_mul derived from a Hugging Face config.json.
-
-Plain Python, no cutlass. `view` is the manifest deriver's reader of the (language model part
-of the) config: ``view.data`` (the dict), ``view.int/str/optional_int(name, purpose[, default])``
-and ``view.fail(name, message)`` (raises a ManifestError naming the file and the field).
+"""act_and_mul points of a model (``manifest from-config``), and the reader of the facts they
+need from config.json (:func:`read_mlp`, called by the manifest deriver with its config view).
 
 The gated MLPs of a model and the width d of act(gate) * up in each (one point per distinct d):
 - dense MLP layers: ``intermediate_size`` split over the tensor-parallel ranks (column-parallel
@@ -13,11 +10,16 @@ The gated MLPs of a model and the width d of act(gate) * up in each (one point p
 The activation comes from ``hidden_act`` (``hidden_activation`` for Gemma 3, whose transformers
 default is ``gelu_pytorch_tanh``). gpt-oss's MLP is a clamped SwiGLU (``swiglu_limit``, alpha
 1.702, (up + 1)), a different function: it gets no act_and_mul point.
+
+`view` is the manifest deriver's reader of the (language model part of the) config:
+``view.data``, ``view.int/str(name, purpose[, default])`` and ``view.fail(name, message)``.
 """
 
 from __future__ import annotations
 
-__all__ = ["ACTIVATION_NAMES", "activation", "mlp_widths", "derive"]
+from ...manifest.model import KernelEntry, ModelFacts
+
+__all__ = ["ACTIVATION_NAMES", "read_mlp", "derive"]
 
 # config.json activation names -> act_and_mul's activation
 ACTIVATION_NAMES = {
@@ -30,10 +32,10 @@ ACTIVATION_NAMES = {
 }
 
 _GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+_DENSE = ("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", *_GEMMA3)
 
 
-def activation(view, architecture: str) -> str | None:
-    """act_and_mul's activation for the model's MLP, or None where it has no such MLP."""
+def _activation(view, architecture: str) -> str | None:
     if architecture == "GptOssForCausalLM":
         return None
     if architecture in _GEMMA3:
@@ -54,25 +56,24 @@ def _per_rank(view, field: str, width: int, tp: int) -> int:
     return width // tp
 
 
-def mlp_widths(view, architecture: str, tp: int) -> list[tuple[int, str, str]]:
-    """(d, config field, what) of every gated MLP of the model, distinct d, in model order."""
+def _widths(view, architecture: str, tp: int) -> list[tuple[int, str, str]]:
     out: list[tuple[int, str, str]] = []
 
     def add(d, field, what):
         if d not in [w for w, _, _ in out]:
             out.append((d, field, what))
 
-    if architecture in ("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", *_GEMMA3):
+    rank = f" (one of {tp} ranks)" if tp > 1 else ""
+    if architecture in _DENSE:
         inter = view.int("intermediate_size", "the MLP activation")
-        add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size",
-            "dense MLP" + (f" (one of {tp} ranks)" if tp > 1 else ""))
+        add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size", "dense MLP" + rank)
     elif architecture == "Qwen3MoeForCausalLM":
         add(view.int("moe_intermediate_size", "the expert activation"), "moe_intermediate_size",
             "routed experts")
-        dense = view.data.get("mlp_only_layers") or view.data.get("decoder_sparse_step", 1) != 1
-        if dense:
+        if view.data.get("mlp_only_layers") or view.data.get("decoder_sparse_step", 1) != 1:
             inter = view.int("intermediate_size", "the dense MLP activation")
-            add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size", "dense MLP layers")
+            add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size",
+                "dense MLP layers" + rank)
     elif architecture == "MixtralForCausalLM":
         add(view.int("intermediate_size", "the expert activation"), "intermediate_size",
             "routed experts")
@@ -80,31 +81,34 @@ def mlp_widths(view, architecture: str, tp: int) -> list[tuple[int, str, str]]:
         if view.int("first_k_dense_replace", "the dense MLP layers", minimum=0) > 0:
             inter = view.int("intermediate_size", "the dense MLP activation")
             add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size",
-                "dense MLP layers")
+                "dense MLP layers" + rank)
         expert = view.int("moe_intermediate_size", "the expert activation")
         add(expert, "moe_intermediate_size", "routed experts")
         shared = view.int("n_shared_experts", "the shared experts", minimum=0)
         if shared:
             add(_per_rank(view, "n_shared_experts", expert * shared, tp), "n_shared_experts",
-                "shared experts")
+                "shared experts" + rank)
     return out
 
 
-def derive(view, *, architecture: str, tp: int = 1, dtype: str = "bfloat16", archs=()) -> list:
-    """The [[kernel]] entries (manifest.from_config.KernelEntry) of act_and_mul for this model."""
-    from ...manifest.from_config import KernelEntry
+def read_mlp(view, architecture: str, tp: int) -> dict:
+    """ModelFacts fields of the gated MLPs: {"mlp_activation": ..., "mlp_widths": ...}."""
+    activation = _activation(view, architecture)
+    if activation is None:
+        return {"mlp_activation": None, "mlp_widths": ()}
+    return {"mlp_activation": activation, "mlp_widths": tuple(_widths(view, architecture, tp))}
 
-    act = activation(view, architecture)
+
+def derive(model: ModelFacts) -> list[KernelEntry]:
+    act = model.mlp_activation
     if act is None:
         return []
-    widths = mlp_widths(view, architecture, tp)
-    field = "hidden_activation" if architecture in _GEMMA3 else "hidden_act"
     return [
         KernelEntry(
             "act_and_mul",
-            (("d", d), ("activation", act), ("dtype", dtype)),
+            (("d", d), ("activation", act), ("dtype", model.dtype)),
             f"{act}(gate) * up of the {what}.",
-            (("d", source), ("activation", field)),
+            (("d", source), ("activation", "hidden_act")),
         )
-        for d, source, what in widths
+        for d, source, what in model.mlp_widths
     ]
