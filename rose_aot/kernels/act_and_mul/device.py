@@ -10,6 +10,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
+from ..device_utils import pdl_prologue
 from ..spec import Variant
 
 __all__ = ["host_function", "activate", "load_chunk", "store_chunk"]
@@ -82,10 +83,12 @@ def host_function(config, variant: Variant, arch: Arch):
     activation = config.activation
     block = list(variant.block)
     smem_bytes = variant.smem
+    pdl = variant.pdl
 
     @cute.kernel
     def act_and_mul_kernel(mX: cute.Tensor, mO: cute.Tensor):
         # mX: [tokens, 2d], mO: [tokens, d]; both with a dynamic row stride
+        pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
         row = bidx * rows + tidx // row_threads

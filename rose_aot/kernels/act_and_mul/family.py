@@ -94,6 +94,7 @@ class ActAndMul(KernelFamily):
                     (split.threads, 1, 1),
                     params=params,
                     constants={**split.constants(), "vec": vec},
+                    pdl=name == "decode",
                 )
             )
         return tuple(out)

@@ -11,6 +11,7 @@ from cutlass._mlir.dialects import llvm
 from ...archs import Arch
 from ..act_and_mul.device import load_chunk, store_chunk
 from ..fp8_group_quant.device import butterfly_max
+from ..device_utils import pdl_prologue
 from ..spec import Variant
 
 __all__ = ["host_function"]
@@ -101,6 +102,7 @@ def host_function(config, variant: Variant, arch: Arch):
     k_tiles = groups_padded // 4
     block = list(variant.block)
     smem_bytes = variant.smem
+    pdl = variant.pdl
 
     @cute.jit
     def body(mX: cute.Tensor, mG, mQ: cute.Tensor, mS: cute.Tensor):
@@ -168,10 +170,12 @@ def host_function(config, variant: Variant, arch: Arch):
 
     @cute.kernel
     def block_scaled_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+        pdl_prologue(pdl)
         body(mX, None, mQ, mS)
 
     @cute.kernel
     def nvfp4_quant_kernel(mX: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+        pdl_prologue(pdl)
         body(mX, mG, mQ, mS)
 
     if fmt == "nvfp4":

@@ -123,7 +123,8 @@ class BlockScaledQuant(KernelFamily):
             constants = {**split.constants(), "vec": vec, "group_lanes": BLOCK[c.format] // vec,
                          "groups_padded": _groups_padded(c),
                          "native_e2m1": arch.capability[0] >= 10}
-            out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants))
+            out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
+                               pdl=name == "decode"))
         return tuple(out)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:

@@ -11,6 +11,7 @@ from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
 from ..act_and_mul.device import activate, load_chunk, store_chunk
+from ..device_utils import pdl_prologue
 from ..spec import Variant
 from .family import FP8_MAX
 
@@ -73,11 +74,13 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
     ue8m0 = bool(config.ue8m0)
     block = list(variant.block)
     smem_bytes = variant.smem
+    pdl = variant.pdl
 
     @cute.kernel
     def fp8_group_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
         # mX: [tokens, width] (or [tokens, 2*width] gate|up with an activation); mQ: [tokens,
         # width] e4m3; mS: [tokens, width/group] fp32 in the config's scale layout
+        pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
         row = bidx * rows + tidx // row_threads

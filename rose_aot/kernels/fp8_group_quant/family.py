@@ -112,7 +112,8 @@ def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...]) -> tuple[
     ):
         split = chunk_split(width // vec, threads, vecs)
         constants = {**split.constants(), "vec": vec, "group_lanes": c.group // vec}
-        out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants))
+        out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
+                           pdl=name == "decode"))
     return tuple(out)
 
 
