@@ -473,6 +473,10 @@ def test_gpu_suite_checks_pass_on_the_reference_and_catch_errors(family, values)
         cases.compare(family, c, want, views, "unwritten")
     _run_stand_in(family, c, want, views)
     cases.compare(family, c, want, views, "reference")
+    cases.poison(family, views)  # poisoning again makes the same outputs fail
+    with pytest.raises(AssertionError):
+        cases.compare(family, c, want, views, "re-poisoned")
+    _run_stand_in(family, c, want, views)
     if family == "act_and_mul":
         out = views["out"]
         v = out[3, 5].item()

@@ -19,7 +19,7 @@ Tolerances (one table, with the reason):
 
 from __future__ import annotations
 
-__all__ = ["make_case", "compare", "E4M3_NAN"]
+__all__ = ["make_case", "poison", "compare", "E4M3_NAN"]
 
 E4M3_NAN = 0x7F
 _MANT_BITS = {"bfloat16": 7, "float16": 10}
@@ -28,6 +28,9 @@ _MIN_EXP = {"bfloat16": -126, "float16": -14}  # exponent of the smallest normal
 
 def make_case(family_name: str, config, tokens: int, seed: int, device: str = "cuda"):
     """(args for the kernel on `device`, expected outputs on the CPU, views to compare).
+
+    The float64 reference runs on `device` too (same torch ops; on the GPU it keeps 20011-token
+    references fast), and its outputs come back to the CPU.
 
     The input is a strided view (rows padded by 64 elements) of a wider buffer; group
     magnitudes span 1e-3..1e3 for the quantization families; outputs are poisoned (NaN for
@@ -55,13 +58,13 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
             x[2, :group] = -1.5
     x = x.to(dt)
     x_dev = x.to(device)[:, :x_width]
-    x_cpu = x[:, :x_width].contiguous()
+    x_ref = x[:, :x_width].contiguous().to(device)  # the float64 reference runs where the data is
     if family_name == "act_and_mul":
         out_dt = getattr(torch, config.out_dtype)
         out = torch.full((tokens, width), float("nan"), dtype=out_dt, device=device)
         from rose_aot.kernels.act_and_mul.reference import act_and_mul64
 
-        want = {"out": act_and_mul64(x_cpu, config.d, config.activation)}  # unrounded float64
+        want = {"out": act_and_mul64(x_ref, config.d, config.activation).cpu()}  # unrounded
         return (x_dev, out), want, {"out": out}
     groups = width // config.group
     q = torch.full((tokens, width), E4M3_NAN, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
@@ -73,11 +76,11 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
         buf = torch.full((groups, padded), float("nan"), device=device)
         scales = buf.t()[:tokens]
         padding = buf[:, tokens:]
-    want_q = torch.empty(tokens, width, dtype=torch.float8_e4m3fn)
-    want_s = torch.empty(tokens, groups)
-    get_family_reference(family_name)(config, x_cpu, want_q, want_s)
+    want_q = torch.empty(tokens, width, dtype=torch.float8_e4m3fn, device=device)
+    want_s = torch.empty(tokens, groups, device=device)
+    get_family_reference(family_name)(config, x_ref, want_q, want_s)
     views = {"q": q, "scales": scales, "padding": padding}
-    return (x_dev, q, scales), {"q": want_q, "scales": want_s}, views
+    return (x_dev, q, scales), {"q": want_q.cpu(), "scales": want_s.cpu()}, views
 
 
 def _block_scaled_case(config, tokens, gen, dt, device):
@@ -93,7 +96,7 @@ def _block_scaled_case(config, tokens, gen, dt, device):
         x[1, :block] = 0.0
         x[2, :block] = -1.5
     x = x.to(dt)
-    x_cpu = x[:, :h].contiguous()
+    x_ref = x[:, :h].contiguous().to(device)
     x_dev = x.to(device)[:, :h]
     qdt = torch.float8_e4m3fn if fmt == "mxfp8" else torch.float4_e2m1fn_x2
     sdt = torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu
@@ -102,17 +105,32 @@ def _block_scaled_case(config, tokens, gen, dt, device):
         s = torch.full((tokens, groups), 0xEE, dtype=torch.uint8)
     else:
         s = torch.full((-(-tokens // 128) * 128, -(-groups // 4) * 4), 0xEE, dtype=torch.uint8)
-    want_q, want_s = q.clone(), s.clone()
-    inputs = [x_cpu]
+    want_q, want_s = q.clone().to(device), s.clone().to(device)
+    inputs = [x_ref]
     dev_inputs = [x_dev]
     if fmt == "nvfp4":
-        amax = x_cpu.float().abs().amax().clamp(min=1e-12)
+        amax = x_ref.float().abs().amax().clamp(min=1e-12)
         g = (448.0 * 6.0 / amax).reshape(1).float()
         inputs.append(g)
-        dev_inputs.append(g.to(device))
+        dev_inputs.append(g)
     get_family_reference("block_scaled_quant")(config, *inputs, want_q.view(qdt), want_s.view(sdt))
     q_dev, s_dev = q.to(device).view(qdt), s.to(device).view(sdt)
-    return (*dev_inputs, q_dev, s_dev), {"q": want_q, "scales": want_s}, {"q": q_dev, "scales": s_dev}
+    want = {"q": want_q.cpu(), "scales": want_s.cpu()}
+    return (*dev_inputs, q_dev, s_dev), want, {"q": q_dev, "scales": s_dev}
+
+
+def poison(family_name: str, views: dict) -> None:
+    """Re-poison the outputs of a case (to launch it again, e.g. with another variant)."""
+    import torch
+
+    if family_name == "act_and_mul":
+        views["out"].fill_(float("nan"))
+    elif family_name == "block_scaled_quant":
+        views["q"].view(torch.uint8).fill_(0xFF)
+        views["scales"].view(torch.uint8).fill_(0xEE)
+    else:
+        views["q"].view(torch.uint8).fill_(E4M3_NAN)
+        views["scales"].fill_(float("nan"))
 
 
 def get_family_reference(family_name: str):

@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from act_quant_cases import compare, make_case  # noqa: E402
+from act_quant_cases import compare, make_case, poison  # noqa: E402
 
 from rose_aot import open_bundle  # noqa: E402
 from rose_aot.kernels import get_family  # noqa: E402
@@ -55,8 +55,9 @@ def test_every_point_against_reference(bundle, tokens):
         family = get_family(family_name)
         config = family.make_config(**values)
         handle = bundle.kernel(family_name, **values)
+        args, want, views = make_case(family_name, config, tokens, seed=1000 * tokens + i)
         for variant in (None, "decode", "prefill"):
-            args, want, views = make_case(family_name, config, tokens, seed=1000 * tokens + i)
+            poison(family_name, views)
             handle(*args, variant=variant)
             torch.cuda.synchronize()
             compare(family_name, config, want, views,
@@ -98,8 +99,7 @@ def test_launch_is_captured_by_cuda_graphs(bundle):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         handle(*args)
-    views["q"].view(torch.uint8).fill_(0x7F)
-    views["scales"].fill_(float("nan"))
+    poison(family_name, views)
     graph.replay()
     torch.cuda.synchronize()
     compare(family_name, c, want, views, "graph replay")

@@ -19,14 +19,13 @@ def e2m1_codes(v):
     the sign bit is kept for zeros and values rounding to zero."""
     import torch
 
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=v.device)
     a = v.double().abs().clamp(max=6.0)
-    dist = (a.unsqueeze(-1) - table).abs()
-    best = dist.min(dim=-1, keepdim=True).values
-    # among the nearest values prefer the even code (ties): score = dist, then parity
-    codes = torch.arange(8)
-    score = torch.where(dist == best, (codes % 2).double(), torch.full_like(dist, 9.0))
-    mag = score.argmin(dim=-1)
+    lo = torch.bucketize(a, table, right=True) - 1  # table[lo] <= a
+    hi = (lo + 1).clamp(max=7)
+    below, above = a - table[lo], table[hi] - a
+    tie = torch.where(lo % 2 == 0, lo, hi)  # the even code
+    mag = torch.where(below < above, lo, torch.where(above < below, hi, tie))
     sign = torch.signbit(v).long() * 8
     return (mag + sign).to(torch.uint8)
 
@@ -49,18 +48,18 @@ def mx_exponents(amax, max_value: float):
 
     m = amax.double().clamp(min=2.0**-126)
     fm, em = torch.frexp(m)
-    fv, ev = torch.frexp(torch.tensor(max_value, dtype=torch.float64))
+    fv, ev = torch.frexp(torch.tensor(max_value, dtype=torch.float64, device=amax.device))
     e = em - ev + (fm > fv).to(em.dtype)
     return e.clamp(-127, 127)
 
 
-def swizzle_offsets(rows_padded: int, groups_padded: int):
+def swizzle_offsets(rows_padded: int, groups_padded: int, device="cpu"):
     """Offset of scale (m, k) in the 128x4 swizzled layout, as a [rows_padded, groups_padded]
     int64 tensor: (m/128)*K4*512 + (k/4)*512 + (m%32)*16 + ((m%128)/32)*4 + k%4."""
     import torch
 
-    m = torch.arange(rows_padded).unsqueeze(1)
-    k = torch.arange(groups_padded).unsqueeze(0)
+    m = torch.arange(rows_padded, device=device).unsqueeze(1)
+    k = torch.arange(groups_padded, device=device).unsqueeze(0)
     k4 = groups_padded // 4
     return (m // 128) * k4 * 512 + (k // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 + k % 4
 
@@ -116,6 +115,6 @@ def reference(config, *tensors) -> None:
         return
     t, g = sbytes.shape
     rows_padded, groups_padded = scales.shape
-    offsets = swizzle_offsets(rows_padded, groups_padded)[:t, :g]
+    offsets = swizzle_offsets(rows_padded, groups_padded, scales.device)[:t, :g]
     flat = scales.view(torch_uint8()).reshape(-1)
     flat[offsets.reshape(-1)] = sbytes.reshape(-1)
