@@ -6,7 +6,6 @@ is checked for the instructions the design promises."""
 from __future__ import annotations
 
 import math
-import random
 from fractions import Fraction
 
 import pytest
@@ -15,7 +14,7 @@ from rose_aot.archs import get_arch
 from rose_aot.errors import ConfigError
 from rose_aot.kernels import get_family
 from rose_aot.kernels.chunked_rows import chunk_split
-from rose_aot.kernels.spec import Dim, TensorArg
+from rose_aot.kernels.spec import Dim
 
 torch = pytest.importorskip("torch")
 

@@ -12,7 +12,7 @@ which is what torch's ``(x.double() / scale).clamp(-448, 448).to(torch.float8_e4
 bit for bit: torch converts a float64 to e4m3 through fp32, and rounding the exact quotient to
 fp64 and then to fp32 equals rounding it to fp32 once. (It is not always the correctly rounded
 e4m3 of the exact quotient: a quotient just off an e4m3 midpoint can round to the midpoint in
-fp32 first. Every fp32 kernel that divides then converts, and torch, share this behaviour.)
+fp32 first; fp32 kernels that divide and then convert behave the same way.)
 
 Scale layouts (``scale_layout``), element (token t, group g):
 - ``row_major``: scales [tokens, hidden/group] contiguous, at t * (hidden/group) + g.
@@ -26,8 +26,8 @@ Non-finite inputs (documented policy, same in the reference): NaN elements do no
 absmax and quantize to NaN (0x7F or 0xFF: compare NaN codes as NaN); an infinite element makes its
 group's scale +inf, its code NaN and every finite code of the group +-0. With ue8m0 the scale of a
 finite group is a power of two (exact in fp32 and in E8M0).
-``eps`` is rounded to fp32 (as the kernel uses it) and must lie in [1e-20, 1]: above 1e-20 every
-scale is a normal fp32 number, which the exact division needs.
+``eps`` is rounded to fp32 (as the kernel uses it) and must lie in [1e-20, 1], so that every
+scale, and the UE8M0 rounding read off its bits, stays in the normal fp32 range.
 
 Work split: chunked_rows.py (as act_and_mul); a group is ``group / vec`` consecutive lanes of a
 warp, and its absmax is a butterfly max over only those lanes (log2 of that many shuffle rounds).
