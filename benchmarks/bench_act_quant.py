@@ -1,6 +1,7 @@
 """act_and_mul, fp8_group_quant, act_and_mul_fp8_quant and block_scaled_quant from a CPU-built
 bundle against torch eager, torch.compile of the same math and (where installed) Liger-Kernel's
-SiLU-mul. block_scaled_quant's torch peer is MXFP8 with row-major scales (no fp4 peer).
+SiLU-mul. block_scaled_quant (with nvfp4_quant) has a torch peer for MXFP8 with row-major
+scales only (no fp4 peer).
 
     python benchmarks/bench_act_quant.py BUNDLE [--family act_and_mul|fp8_group_quant|
         act_and_mul_fp8_quant|all] [--tokens 1,16,...] [--widths 2048,4096,...]
@@ -35,7 +36,7 @@ TOKENS = [1, 16, 128, 1024, 8192, 32768]
 GROUP = 128
 EPS = 1e-10
 CHECK_ROWS = 64  # rows compared with the float64 reference (a CPU reference of all is too slow)
-FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant")
+FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant")  # + nvfp4_quant
 
 
 # ----------------------------------------------------------------------------- torch peers
@@ -227,16 +228,18 @@ def bench_block_scaled(bundle, tokens_list, widths, rows):
 
     compiled = torch.compile(mxfp8_torch)
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
+        family = "nvfp4_quant" if fmt == "nvfp4" else "block_scaled_quant"
         for h in widths:
-            values = dict(hidden=h, format=fmt, scale_layout="swizzled_128x4")
-            ours = bundle.kernel("block_scaled_quant", **values)
+            values = dict(hidden=h, scale_layout="swizzled_128x4")
+            if fmt != "nvfp4":
+                values["format"] = fmt
+            ours = bundle.kernel(family, **values)
             config = ours.config
             for t in tokens_list:
-                args, want, views = make_case("block_scaled_quant", config, min(t, CHECK_ROWS),
-                                              seed=t + h)
+                args, want, views = make_case(family, config, min(t, CHECK_ROWS), seed=t + h)
                 ours(*args)
                 torch.cuda.synchronize()
-                compare("block_scaled_quant", config, want, views, f"block_scaled {values} T={t}")
+                compare(family, config, want, views, f"{family} {values} T={t}")
                 gen = torch.Generator(device="cuda").manual_seed(t + h)
                 x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
                 block = 16 if fmt == "nvfp4" else 32
@@ -260,7 +263,7 @@ def bench_block_scaled(bundle, tokens_list, widths, rows):
                     impls["torch_compile_rowmajor"] = lambda: compiled(x, q, s_lin)
                 nbytes = x.numel() * 2 + q.numel() + t * groups
                 plan = ours.plan(*call)[0].variant
-                rows.append(_measure("block_scaled_quant", f"{fmt}/{h}", t, nbytes, impls, plan))
+                rows.append(_measure(family, f"{fmt}/{h}", t, nbytes, impls, plan))
 
 
 # ----------------------------------------------------------------------------- output

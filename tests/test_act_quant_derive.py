@@ -21,7 +21,8 @@ from rose_aot.manifest.from_config import _ARCHITECTURES, _View
 from rose_aot.manifest.model import ModelFacts, MoeFacts
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "hf_configs"
-FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant")
+FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",
+            "nvfp4_quant")
 
 
 def _load(name: str) -> dict:
@@ -125,7 +126,9 @@ def test_errors_name_the_field():
 
 
 def _block_scaled(config, archs, tp=1):
-    return [f for _, f in _entries(config, tp, archs)["block_scaled_quant"]]
+    e = _entries(config, tp, archs)
+    return [f for _, f in e["block_scaled_quant"]] + [
+        {**f, "format": "nvfp4"} for _, f in e["nvfp4_quant"]]
 
 
 def test_block_scaled_points():
@@ -139,7 +142,9 @@ def test_block_scaled_points():
                                      "group_size": 16}
     pts = _block_scaled(config, ("sm_100a",), tp=2)
     assert [(p["hidden"], p["format"]) for p in pts] == [(4096, "nvfp4"), (7168, "nvfp4")]
-    for family, values in _points([("block_scaled_quant", p) for p in pts]):
+    e = _entries(config, tp=2, archs=("sm_100a",))
+    assert e["block_scaled_quant"] == [] and len(e["nvfp4_quant"]) == 2
+    for family, values in _points(e["nvfp4_quant"]):
         get_family(family).make_config(**values)
     # unquantized and fp8 models: none
     assert _block_scaled(_load("qwen3-8b"), ("sm_100a",)) == []

@@ -443,7 +443,7 @@ def _run_stand_in(family_name, c, want, views):
     """What a correct kernel writes: the reference, in the poisoned views."""
     if family_name == "act_and_mul":
         views["out"].copy_(want["out"].to(views["out"].dtype))
-    elif family_name == "block_scaled_quant":
+    elif family_name in ("block_scaled_quant", "nvfp4_quant"):
         views["q"].view(torch.uint8).copy_(want["q"])
         views["scales"].view(torch.uint8).copy_(want["scales"])
     else:
@@ -460,7 +460,7 @@ def _run_stand_in(family_name, c, want, views):
     ("act_and_mul_fp8_quant", dict(d=256, activation="gelu_tanh", group=64, ue8m0=True)),
     ("block_scaled_quant", dict(hidden=256, format="mxfp8")),
     ("block_scaled_quant", dict(hidden=256, format="mxfp4", scale_layout="row_major")),
-    ("block_scaled_quant", dict(hidden=256, format="nvfp4")),
+    ("nvfp4_quant", dict(hidden=256)),
 ])
 def test_gpu_suite_checks_pass_on_the_reference_and_catch_errors(family, values):
     cases = _gpu_cases()
@@ -483,7 +483,7 @@ def test_gpu_suite_checks_pass_on_the_reference_and_catch_errors(family, values)
         with pytest.raises(AssertionError, match="1 ulp"):
             cases.compare(family, c, want, views, "perturbed")
         return
-    if family == "block_scaled_quant":
+    if family in ("block_scaled_quant", "nvfp4_quant"):
         q = views["q"].view(torch.uint8)
         q[4, 9] ^= 0x11
         with pytest.raises(AssertionError, match="q bytes"):

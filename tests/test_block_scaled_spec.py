@@ -18,10 +18,19 @@ torch = pytest.importorskip("torch")
 
 SEED = 20261130
 FAM = get_family("block_scaled_quant")
+NV = get_family("nvfp4_quant")
 E2M1 = [Fraction(v) for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)]
 
 
+def _family(fmt: str):
+    return NV if fmt == "nvfp4" else FAM
+
+
 def _config(**values):
+    """Config of block_scaled_quant, or of nvfp4_quant for format="nvfp4"."""
+    if values.get("format") == "nvfp4":
+        values = {k: v for k, v in values.items() if k != "format"}
+        return NV.make_config(**values)
     return FAM.make_config(**values)
 
 
@@ -29,19 +38,23 @@ def test_config_and_arguments():
     c = _config(hidden=4096)
     assert (c.format, c.scale_layout) == ("mxfp8", "swizzled_128x4")
     with pytest.raises(ConfigError):
+        FAM.make_config(hidden=4096, format="nvfp4")  # its own family (a global scale argument)
+    assert NV.make_config(hidden=4096).format == "nvfp4"
+    assert "format" not in NV.key(NV.make_config(hidden=4096))
+    with pytest.raises(ConfigError):
         _config(hidden=4096 + 16)  # not a multiple of 32 for MX
     _config(hidden=4096 + 16, format="nvfp4")  # 16-element blocks
     x, q, s = FAM.args(_config(hidden=2880, format="mxfp4"), get_arch("sm_90a"))
     assert q.dtype == "float4_e2m1fn_x2" and q.shape == (Dim("tokens"), 1440)
     assert s.dtype == "float8_e8m0fnu" and s.layout == "swizzled_128x4"
     assert s.shape[1] == 92 and s.shape[0].divisibility == 128  # 90 groups padded to 92
-    x, g, q, s = FAM.args(_config(hidden=4096, format="nvfp4", scale_layout="row_major"),
-                          get_arch("sm_100a"))
+    x, g, q, s = NV.args(_config(hidden=4096, format="nvfp4", scale_layout="row_major"),
+                         get_arch("sm_100a"))
     assert g.shape == (1,) and g.dtype == "float32"
     assert s.dtype == "float8_e4m3fn" and s.shape == (Dim("tokens"), 256)
     for arch, vec in (("sm_90a", 8), ("sm_100a", 16)):
         for fmt, block in (("mxfp8", 32), ("nvfp4", 16)):
-            for v in FAM.variants(_config(hidden=4096, format=fmt), get_arch(arch)):
+            for v in _family(fmt).variants(_config(hidden=4096, format=fmt), get_arch(arch)):
                 assert v.constants["vec"] == vec
                 assert v.constants["group_lanes"] == block // vec
                 assert v.constants["native_e2m1"] == (arch == "sm_100a")
@@ -130,7 +143,7 @@ def _run_reference(fmt, rows, layout="row_major", g=None):
     if fmt == "nvfp4":
         args.append(torch.tensor([g], dtype=torch.float32))
     args += [data.view(qdt), scales.view(sdt)]
-    FAM.reference(c, *args)
+    _family(fmt).reference(c, *args)
     return x, data, scales
 
 
@@ -222,9 +235,10 @@ def test_compiles_with_expected_ptx(values, arch):
     from rose_aot.builder.compile import compile_point
 
     c = _config(**values)
-    point = compile_point("block_scaled_quant", c, get_arch(arch))
+    fam = _family(values.get("format", "mxfp8"))
+    point = compile_point(fam.name, c, get_arch(arch))
     for name, (ptx, _) in point.artifacts.items():
-        v = {x.name: x for x in FAM.variants(c, get_arch(arch))}[name]
+        v = {x.name: x for x in fam.variants(c, get_arch(arch))}[name]
         assert f".reqntid {v.block[0]}, 1, 1" in ptx
         # decode variants launch with programmatic dependent launch (wait before any read)
         assert ("griddepcontrol.wait" in ptx) == (name == "decode") == v.pdl

@@ -70,6 +70,7 @@ BASE["fp8_group_quant"] = {"hidden": 4096, **_QUANT}
 BASE["act_and_mul_fp8_quant"] = {"d": 4096, "activation": "silu", **_QUANT}
 BASE["block_scaled_quant"] = dict(hidden=4096, format="mxfp8", dtype="bfloat16",
                                  scale_layout="swizzled_128x4")
+BASE["nvfp4_quant"] = dict(hidden=4096, dtype="bfloat16", scale_layout="swizzled_128x4")
 # More base points, for fields that can only change together with others from the first base
 # (moe_dispatch: scale_group is nonzero exactly for float8 tokens).
 EXTRA_BASES = {"moe_dispatch": [{**_MOE, "dtype": "float8_e4m3fn", "scale_group": 128}]}

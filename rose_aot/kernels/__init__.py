@@ -10,6 +10,7 @@ from .act_and_mul import ActAndMul
 from .act_and_mul_fp8_quant import ActAndMulFp8Quant
 from .block_scaled_quant import BlockScaledQuant
 from .fp8_group_quant import Fp8GroupQuant
+from .nvfp4_quant import Nvfp4Quant
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
 from .qk_norm import QkNorm
@@ -37,6 +38,7 @@ FAMILIES: dict[str, KernelFamily] = {
         Fp8GroupQuant(),
         ActAndMulFp8Quant(),
         BlockScaledQuant(),
+        Nvfp4Quant(),
     )
 }
 

@@ -8,7 +8,7 @@ Tolerances (one table, with the reason):
   fp32; fp32 error of exp/erfc and the products is far below half an ulp of bf16/fp16).
 - fp8_group_quant: bit-exact codes and scales (the definition is exact in fp32); NaN codes
   compare as NaN (0x7F and 0xFF are both NaN).
-- block_scaled_quant: bit-exact data bytes and scale bytes, over the whole scale buffer (the
+- block_scaled_quant, nvfp4_quant: bit-exact data bytes and scale bytes, over the whole scale buffer (the
   swizzled layout's padding must keep its poison). Inputs finite (the formats' policy).
 - act_and_mul_fp8_quant: y = act(gate) * up is fp32 in the kernel and float64 in the reference,
   so a group's absmax differs by a few fp32 ulps: scales within 2^-18 relative (UE8M0: equal, or
@@ -22,6 +22,7 @@ from __future__ import annotations
 __all__ = ["make_case", "poison", "compare", "E4M3_NAN"]
 
 E4M3_NAN = 0x7F
+BLOCK_SCALED = ("block_scaled_quant", "nvfp4_quant")
 _MANT_BITS = {"bfloat16": 7, "float16": 10}
 _MIN_EXP = {"bfloat16": -126, "float16": -14}  # exponent of the smallest normal
 
@@ -40,8 +41,8 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
 
     gen = torch.Generator().manual_seed(seed)
     dt = getattr(torch, config.dtype)
-    if family_name == "block_scaled_quant":
-        return _block_scaled_case(config, tokens, gen, dt, device)
+    if family_name in BLOCK_SCALED:
+        return _block_scaled_case(family_name, config, tokens, gen, dt, device)
     if family_name == "act_and_mul":
         width, x_width = config.d, 2 * config.d
     elif family_name == "fp8_group_quant":
@@ -83,7 +84,7 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
     return (x_dev, q, scales), {"q": want_q.cpu(), "scales": want_s.cpu()}, views
 
 
-def _block_scaled_case(config, tokens, gen, dt, device):
+def _block_scaled_case(family_name, config, tokens, gen, dt, device):
     import torch
 
     fmt, h = config.format, config.hidden
@@ -113,7 +114,7 @@ def _block_scaled_case(config, tokens, gen, dt, device):
         g = (448.0 * 6.0 / amax).reshape(1).float()
         inputs.append(g)
         dev_inputs.append(g)
-    get_family_reference("block_scaled_quant")(config, *inputs, want_q.view(qdt), want_s.view(sdt))
+    get_family_reference(family_name)(config, *inputs, want_q.view(qdt), want_s.view(sdt))
     q_dev, s_dev = q.to(device).view(qdt), s.to(device).view(sdt)
     want = {"q": want_q.cpu(), "scales": want_s.cpu()}
     return (*dev_inputs, q_dev, s_dev), want, {"q": q_dev, "scales": s_dev}
@@ -125,7 +126,7 @@ def poison(family_name: str, views: dict) -> None:
 
     if family_name == "act_and_mul":
         views["out"].fill_(float("nan"))
-    elif family_name == "block_scaled_quant":
+    elif family_name in BLOCK_SCALED:
         views["q"].view(torch.uint8).fill_(0xFF)
         views["scales"].view(torch.uint8).fill_(0xEE)
     else:
@@ -163,7 +164,7 @@ def compare(family_name: str, config, want: dict, views: dict, label: str) -> No
                 f"got {got[i].item()!r} want {exact[i].item()!r}"
             )
         return
-    if family_name == "block_scaled_quant":
+    if family_name in BLOCK_SCALED:
         for name in ("q", "scales"):
             got = views[name].cpu().view(torch.uint8)
             bad = got != want[name]

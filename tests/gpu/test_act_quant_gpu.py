@@ -1,5 +1,5 @@
-"""act_and_mul, fp8_group_quant, act_and_mul_fp8_quant and block_scaled_quant from a CPU-built
-bundle against
+"""act_and_mul, fp8_group_quant, act_and_mul_fp8_quant, block_scaled_quant and nvfp4_quant from a
+CPU-built bundle against
 float64 references, on the GPU (tolerances: tests/gpu/act_quant_cases.py).
 On an H200 the block-scaled formats run their sm_90a build (software e2m1 rounding); the
 sm_100a build's native conversion is compiled and PTX-checked on the CPU only.
@@ -29,7 +29,8 @@ from rose_aot.kernels import get_family  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 TOKENS = (1, 7, 128, 4096, 20011)
-FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant")
+FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",
+            "nvfp4_quant")
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ Block-scaled GEMMs exist on Blackwell only, so points are derived only when the 
 targets an sm_10x arch (they are then built for every arch of the manifest; the sm_90a build
 lets an H200 test them):
 - NVFP4 (ModelOpt checkpoints: ``quantization_config.quant_algo == "NVFP4"``, group size 16):
-  format nvfp4 over ``hidden_size`` (projection inputs) and over every gated MLP width
-  (down projection inputs);
+  nvfp4_quant points (its derive.py) over ``hidden_size`` (projection inputs) and over every
+  gated MLP width (down projection inputs);
 - MXFP4 weights (``quant_method == "mxfp4"``, gpt-oss): the expert GEMMs run MXFP4 weights
   against MXFP8 activations on Blackwell (the w4a8 path), so format mxfp8 over ``hidden_size``
   and over the expert width ``intermediate_size`` (carried in ModelFacts.moe). A w4a4 engine
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ...manifest.model import KernelEntry, ModelFacts
 
-__all__ = ["read_block_scaled", "derive"]
+__all__ = ["read_block_scaled", "block_scaled_entries", "derive"]
 
 
 def read_block_scaled(view) -> str | None:
@@ -36,15 +36,17 @@ def read_block_scaled(view) -> str | None:
     return None
 
 
-def derive(model: ModelFacts) -> list[KernelEntry]:
-    fmt = model.block_scaled
-    if fmt is None or not any(a.startswith("sm_10") for a in model.archs):
+def block_scaled_entries(model: ModelFacts, family: str, fmt: str) -> list[KernelEntry]:
+    """Entries of `family` (block_scaled_quant or nvfp4_quant) when the checkpoint's
+    block-scaled format is `fmt` and a Blackwell arch is targeted."""
+    if model.block_scaled != fmt or not any(a.startswith("sm_10") for a in model.archs):
         return []
     widths = [(model.hidden, "hidden_size", "projection inputs")]
     widths += [(d, src, f"{what} down projection inputs") for d, src, what in model.mlp_widths]
     if not model.mlp_widths and model.moe is not None:
         widths.append((model.moe.intermediate_size, "intermediate_size",
                        "expert down projection inputs"))
+    fmt_field = () if family == "nvfp4_quant" else (("format", fmt),)
     out, seen = [], set()
     for width, source, what in widths:
         if width in seen:
@@ -52,11 +54,15 @@ def derive(model: ModelFacts) -> list[KernelEntry]:
         seen.add(width)
         out.append(
             KernelEntry(
-                "block_scaled_quant",
-                (("hidden", width), ("format", fmt), ("dtype", model.dtype),
+                family,
+                (("hidden", width), *fmt_field, ("dtype", model.dtype),
                  ("scale_layout", "swizzled_128x4")),
                 f"{fmt} quantization of the {what} for Blackwell block-scaled GEMMs.",
-                (("hidden", source), ("format", "quantization_config")),
+                (("hidden", source),),
             )
         )
     return out
+
+
+def derive(model: ModelFacts) -> list[KernelEntry]:
+    return block_scaled_entries(model, "block_scaled_quant", "mxfp8")

@@ -1,11 +1,12 @@
-"""block_scaled_quant: the block-scaled formats of Blackwell's GEMMs, MXFP8, MXFP4 and NVFP4.
+"""block_scaled_quant: the MX block-scaled formats of Blackwell's GEMMs, MXFP8 and MXFP4 (NVFP4,
+whose arguments add a global scale, is the nvfp4_quant family on the same code).
 
 x [tokens, hidden] (bf16/fp16, rows may be strided) -> data + one scale per block of a row:
 
 - ``mxfp8``: e4m3 data, an E8M0 (power-of-two) scale per 32 elements;
 - ``mxfp4``: e2m1 data packed two per byte (element 2i in the low nibble), E8M0 per 32;
-- ``nvfp4``: e2m1 data packed, an e4m3 scale per 16, times a fp32 global scale g read from a
-  one-element tensor (the caller's choice, e.g. 448 * 6 / amax of the tensor).
+- ``nvfp4`` (the nvfp4_quant family, same code): e2m1 data packed, an e4m3 scale per 16, times
+  a fp32 global scale g read from a one-element tensor (the caller's choice, e.g. 448 * 6 / amax of the tensor).
 
 Definitions (absmax ignores NaN; inputs are expected finite):
   MX:    e = ceil(log2(max(absmax, 2^-126) / M)) clamped to [-127, 127] with M = 448 (e4m3) or
@@ -48,7 +49,7 @@ from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["BlockScaledQuantConfig", "BlockScaledQuant", "FORMATS", "BLOCK"]
 
-FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+FORMATS = ("mxfp8", "mxfp4")  # nvfp4: the nvfp4_quant family
 BLOCK = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
 MAX_HIDDEN = 32768
 
