@@ -64,6 +64,13 @@ BASE = {
 _MOE = dict(num_experts=128, top_k=8, hidden=2048, expert_start=0, local_experts=64)
 BASE["moe_dispatch"] = {**_MOE, "dtype": "bfloat16"}
 BASE["moe_combine"] = dict(top_k=8, hidden=2048, dtype="bfloat16")
+BASE["act_and_mul"] = dict(d=4096, activation="silu", dtype="bfloat16", out_dtype="bfloat16")
+_QUANT = dict(group=128, dtype="bfloat16", scale_layout="row_major", ue8m0=False, eps=1e-10)
+BASE["fp8_group_quant"] = {"hidden": 4096, **_QUANT}
+BASE["act_and_mul_fp8_quant"] = {"d": 4096, "activation": "silu", **_QUANT}
+BASE["block_scaled_quant"] = dict(hidden=4096, format="mxfp8", dtype="bfloat16",
+                                 scale_layout="swizzled_128x4")
+BASE["nvfp4_quant"] = dict(hidden=4096, dtype="bfloat16", scale_layout="swizzled_128x4")
 # More base points, for fields that can only change together with others from the first base
 # (moe_dispatch: scale_group is nonzero exactly for float8 tokens).
 EXTRA_BASES = {"moe_dispatch": [{**_MOE, "dtype": "float8_e4m3fn", "scale_group": 128}]}

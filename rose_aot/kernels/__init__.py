@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .base import KernelFamily, config_digest, config_json, kernel_source_digest, point_key
+from .act_and_mul import ActAndMul
+from .act_and_mul_fp8_quant import ActAndMulFp8Quant
+from .block_scaled_quant import BlockScaledQuant
+from .fp8_group_quant import Fp8GroupQuant
+from .nvfp4_quant import Nvfp4Quant
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
 from .qk_norm import QkNorm
@@ -29,6 +34,11 @@ FAMILIES: dict[str, KernelFamily] = {
         QkNorm(),
         MoeDispatch(),
         MoeCombine(),
+        ActAndMul(),
+        Fp8GroupQuant(),
+        ActAndMulFp8Quant(),
+        BlockScaledQuant(),
+        Nvfp4Quant(),
     )
 }
 

@@ -25,6 +25,10 @@ CUTLASS_DTYPES = {
     "float8_e4m3fn": cutlass.Float8E4M3FN,
     "float8_e5m2": cutlass.Float8E5M2,
     "uint8": cutlass.Uint8,
+    # Stored as bytes by the kernels that write them (block_scaled_quant): one E8M0 scale per
+    # byte; two e2m1 values per byte.
+    "float8_e8m0fnu": cutlass.Uint8,
+    "float4_e2m1fn_x2": cutlass.Uint8,
     "int32": cutlass.Int32,
     "int64": cutlass.Int64,
 }

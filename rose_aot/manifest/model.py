@@ -63,3 +63,14 @@ class ModelFacts:
     extra_norms: tuple[tuple[int, str, str], ...] = ()  # (width, config field, comment): plain
     qk_heads: tuple[int, int, int] | None = None  # (q heads, kv heads, head_dim) of ONE rank
     moe: MoeFacts | None = None
+    # Gated MLPs (act_and_mul): the activation (act_and_mul's name) and every distinct width d
+    # of act(gate) * up on one rank as (d, config field, what); None / () when the model's MLP
+    # is not an act_and_mul (gpt-oss) or the facts were not read. Read by
+    # kernels/act_and_mul/derive.py: read_mlp.
+    mlp_activation: str | None = None
+    mlp_widths: tuple[tuple[int, str, str], ...] = ()
+    # Activation quantization of the checkpoint: the FP8 block group (weight_block_size[1]) or
+    # 0; the format of its Blackwell block-scaled GEMMs ("nvfp4", "mxfp8") or None.
+    fp8_group: int = 0
+    block_scaled: str | None = None
+    archs: tuple[str, ...] = ()  # the deployment's target archs

@@ -9,7 +9,16 @@ blocks and predicated lanes are exercised; outputs are checked against the float
 
 from __future__ import annotations
 
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from act_quant_cases import compare, make_case  # noqa: E402
+
+# the activation / quantization families: their inputs and checks come from act_quant_cases
+ACT_QUANT = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",
+             "nvfp4_quant")
 
 
 def main(path: str) -> None:
@@ -30,6 +39,14 @@ def main(path: str) -> None:
         family = get_family(point["family"])
         config = family.make_config(**point["config"])
         handle = bundle.kernel(point["family"], **point["config"])
+        if point["family"] in ACT_QUANT:  # strided inputs, scale layouts, packed dtypes
+            for variant, tokens in (("decode", 3), ("prefill", 1001)):
+                args, want, views = make_case(point["family"], config, tokens, seed=tokens)
+                handle(*args, variant=variant)
+                torch.cuda.synchronize()
+                compare(point["family"], config, want, views, f"{handle.key} {variant}")
+                print(f"ok {handle.key} {variant} T={tokens}", flush=True)
+            continue
         args = handle.record(device).args  # the call arguments the handle checks, in order
         for variant, tokens in (("decode", 3), ("prefill", 1001)):
             if point["family"] == "moe_dispatch" and tokens > 3:

@@ -1,0 +1,199 @@
+"""CuTeDSL device code of block_scaled_quant (see family.py for the formats and layouts)."""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint8, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+
+from ...archs import Arch
+from ..act_and_mul.device import load_chunk, store_chunk
+from ..fp8_group_quant.device import butterfly_max
+from ..device_utils import pdl_prologue
+from ..spec import Variant
+
+__all__ = ["host_function"]
+
+# max representable value = 1.f * 2**K: mantissa field of 1.f and K, per data format
+_MX = {"mxfp8": (8, 0x600000), "mxfp4": (2, 0x400000)}
+# e2m1 rounding thresholds (nearest, ties to even): '>' where the tie goes down, '>=' up
+_E2M1_STEPS = (
+    ("gt", "0f3E800000"),  # 0.25
+    ("ge", "0f3F400000"),  # 0.75
+    ("gt", "0f3FA00000"),  # 1.25
+    ("ge", "0f3FE00000"),  # 1.75
+    ("gt", "0f40200000"),  # 2.5
+    ("ge", "0f40600000"),  # 3.5
+    ("gt", "0f40A00000"),  # 5
+)
+
+
+def _asm(result_type, operands, text: str, constraints: str):
+    return llvm.inline_asm(
+        result_type,
+        [o.ir_value() for o in operands],
+        text,
+        constraints,
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+def mx_scale_byte(amax: Float32, k: int, fmax: int) -> Uint32:
+    """E8M0 byte of 2**ceil(log2(max(amax, 2^-126) / (1.fmax * 2**k))), clamped to [0, 254]:
+    exponent field E of M minus k, plus one when M's mantissa field exceeds fmax."""
+    text = (
+        "{\n.reg .b32 b, e, f;\n.reg .pred p;\n"
+        "mov.b32 b, $1;\nmax.u32 b, b, 0x00800000;\n"
+        "shr.u32 e, b, 23;\nand.b32 f, b, 0x7FFFFF;\n"
+        f"setp.gt.u32 p, f, {fmax};\nsub.s32 e, e, {k};\n@p add.s32 e, e, 1;\n"
+        "max.s32 e, e, 0;\nmin.s32 e, e, 254;\nmov.b32 $0, e;\n}"
+    )
+    return Uint32(_asm(Uint32.mlir_type, [amax], text, "=r,f"))
+
+
+def inverse_of_scale_byte(byte: Uint32) -> Float32:
+    """2**(127 - byte) as fp32 (exponent field 254 - byte; byte <= 247 for finite inputs)."""
+    text = "{\n.reg .b32 t;\nsub.u32 t, 254, $1;\nshl.b32 t, t, 23;\nmov.b32 $0, t;\n}"
+    return Float32(_asm(Float32.mlir_type, [byte], text, "=f,r"))
+
+
+def zero_to_inf(value: Float32) -> Float32:
+    text = "{\n.reg .pred p;\nsetp.eq.f32 p, $1, 0f00000000;\nselp.f32 $0, 0f7F800000, $1, p;\n}"
+    return Float32(_asm(Float32.mlir_type, [value], text, "=f,f"))
+
+
+def e2m1_pair(lo: Float32, hi: Float32, native: bool) -> Uint32:
+    """Byte holding e2m1(lo) in bits 0-3 and e2m1(hi) in bits 4-7 (nearest even, saturating)."""
+    if native:  # sm_100a: the first source operand goes to the upper nibble
+        text = "{\n.reg .b8 t;\ncvt.rn.satfinite.e2m1x2.f32 t, $2, $1;\ncvt.u32.u8 $0, t;\n}"
+        return Uint32(_asm(Uint32.mlir_type, [lo, hi], text, "=r,f,f"))
+    lines = ["{", ".reg .f32 a;", ".reg .pred p;", ".reg .b32 c, s, r;", "mov.b32 r, 0;"]
+    for shift, src in ((0, "$1"), (4, "$2")):
+        lines += [f"abs.f32 a, {src};", "mov.b32 c, 0;"]
+        for op, threshold in _E2M1_STEPS:
+            lines += [f"setp.{op}.f32 p, a, {threshold};", "@p add.u32 c, c, 1;"]
+        lines += [f"mov.b32 s, {src};", "shr.u32 s, s, 28;", "and.b32 s, s, 8;",
+                  "or.b32 c, c, s;", f"shl.b32 c, c, {shift};", "or.b32 r, r, c;"]
+    lines += ["mov.b32 $0, r;", "}"]
+    return Uint32(_asm(Uint32.mlir_type, [lo, hi], "\n".join(lines), "=r,f,f"))
+
+
+def host_function(config, variant: Variant, arch: Arch):
+    """Launcher of one variant: x, [global_scale,] q, scales, grid, stream."""
+    kc = variant.constants
+    vec = kc["vec"]
+    row_threads = kc["row_threads"]
+    per_thread = kc["vecs_per_thread"]
+    rows = kc["rows_per_block"]
+    exact = kc["exact"]
+    lanes = kc["group_lanes"]
+    groups_padded = kc["groups_padded"]
+    native = kc["native_e2m1"]
+    chunk = row_threads * per_thread
+    vectors = config.hidden // vec
+    fmt = config.format
+    fp4 = fmt != "mxfp8"
+    swizzled = config.scale_layout == "swizzled_128x4"
+    data_vec = vec // 2 if fp4 else vec
+    k_tiles = groups_padded // 4
+    block = list(variant.block)
+    smem_bytes = variant.smem
+    pdl = variant.pdl
+
+    @cute.jit
+    def body(mX: cute.Tensor, mG, mQ: cute.Tensor, mS: cute.Tensor):
+        # mX: [tokens, hidden]; mG: [1] fp32 (nvfp4); mQ: [tokens, hidden or hidden/2] bytes;
+        # mS: scales, [tokens, groups] or swizzled [rows_padded, groups_padded]
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        row = bidx * rows + tidx // row_threads
+        first = bidy * chunk + tidx % row_threads
+        valid = row < mX.shape[0]
+
+        gX = cute.zipped_divide(mX[row, None], (vec,))
+        tXrX = cute.make_rmem_tensor((vec, per_thread), mX.element_type)
+        tXrX.fill(0)
+        load_chunk(gX, tXrX, first, row_threads, per_thread, vectors, exact, valid)
+        tYrY = cute.make_rmem_tensor((vec, per_thread), Float32)
+        tYrY.store(tXrX.load().to(Float32))
+        g = Float32(1.0)
+        if const_expr(fmt == "nvfp4"):
+            g = mG[0]
+
+        for i in cutlass.range_constexpr(per_thread):
+            amax = Float32(0.0)
+            for j in cutlass.range_constexpr(vec):
+                amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j, i]))
+            amax = butterfly_max(amax, lanes)
+            if const_expr(fmt == "nvfp4"):
+                tSrS = cute.make_rmem_tensor((2,), Float32)
+                tSrS[0] = (amax * g) / Float32(6.0)
+                tSrS[1] = Float32(0.0)
+                tSrQ = cute.make_rmem_tensor((2,), mS.element_type)
+                tSrQ.store(tSrS.load().to(mS.element_type))
+                tSrS.store(tSrQ.load().to(Float32))
+                den = zero_to_inf(tSrS[0])
+                for j in cutlass.range_constexpr(vec):
+                    tYrY[j, i] = (tYrY[j, i] * g) / den
+                scale_value = tSrQ[0]
+            else:
+                byte = mx_scale_byte(amax, *_MX[fmt])
+                inv = inverse_of_scale_byte(byte)
+                for j in cutlass.range_constexpr(vec):
+                    tYrY[j, i] = tYrY[j, i] * inv
+                scale_value = Uint8(byte)
+            idx = first + i * row_threads
+            k = idx // lanes
+            if valid and idx < vectors and (tidx % lanes) == 0:
+                if const_expr(swizzled):
+                    off = ((row // 128) * k_tiles * 512 + (k // 4) * 512 + (row % 32) * 16
+                           + ((row % 128) // 32) * 4 + k % 4)
+                    if row < mS.shape[0]:
+                        mS[off // groups_padded, off % groups_padded] = scale_value
+                else:
+                    mS[row, k] = scale_value
+
+        if const_expr(fp4):
+            tQrQ = cute.make_rmem_tensor((data_vec, per_thread), Uint8)
+            for i in cutlass.range_constexpr(per_thread):
+                for j in cutlass.range_constexpr(data_vec):
+                    tQrQ[j, i] = Uint8(e2m1_pair(tYrY[2 * j, i], tYrY[2 * j + 1, i], native))
+        else:
+            tQrQ = cute.make_rmem_tensor((data_vec, per_thread), mQ.element_type)
+            tQrQ.store(tYrY.load().to(mQ.element_type))
+        gQ = cute.zipped_divide(mQ[row, None], (data_vec,))
+        store_chunk(tQrQ, gQ, first, row_threads, per_thread, vectors, exact, valid)
+
+    @cute.kernel
+    def block_scaled_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+        pdl_prologue(pdl)
+        body(mX, None, mQ, mS)
+
+    @cute.kernel
+    def nvfp4_quant_kernel(mX: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+        pdl_prologue(pdl)
+        body(mX, mG, mQ, mS)
+
+    if fmt == "nvfp4":
+
+        @cute.jit
+        def launch_nvfp4(mX: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
+                         grid_x: Int32, grid_y: Int32, grid_z: Int32, stream: cuda.CUstream):
+            nvfp4_quant_kernel(mX, mG, mQ, mS).launch(
+                grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream
+            )
+
+        return launch_nvfp4
+
+    @cute.jit
+    def launch(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
+               grid_x: Int32, grid_y: Int32, grid_z: Int32, stream: cuda.CUstream):
+        block_scaled_quant_kernel(mX, mQ, mS).launch(
+            grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream
+        )
+
+    return launch

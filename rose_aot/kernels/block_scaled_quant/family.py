@@ -1,0 +1,134 @@
+"""block_scaled_quant: the MX block-scaled formats of Blackwell's GEMMs, MXFP8 and MXFP4 (NVFP4,
+whose arguments add a global scale, is the nvfp4_quant family on the same code).
+
+x [tokens, hidden] (bf16/fp16, rows may be strided) -> data + one scale per block of a row:
+
+- ``mxfp8``: e4m3 data, an E8M0 (power-of-two) scale per 32 elements;
+- ``mxfp4``: e2m1 data packed two per byte (element 2i in the low nibble), E8M0 per 32;
+- ``nvfp4`` (the nvfp4_quant family, same code): e2m1 data packed, an e4m3 scale per 16, times
+  a fp32 global scale g read from a one-element tensor (the caller's choice, e.g. 448 * 6 / amax of the tensor).
+
+Definitions (absmax ignores NaN; inputs are expected finite):
+  MX:    e = ceil(log2(max(absmax, 2^-126) / M)) clamped to [-127, 127] with M = 448 (e4m3) or
+         6 (e2m1): the scale rounded UP to a power of two, so no element saturates (NVIDIA's
+         recipe; OCP's spec rounds down and saturates); scale byte = e + 127;
+         data = round(x * 2^-e) (exact product, one rounding).
+  NVFP4: s = fp32(fp32(absmax * g) / 6); scale = e4m3(s) (nearest even, saturating);
+         data = e2m1(fp32(fp32(x * g) / scale)), and +-0 where the scale is 0.
+  e4m3 and e2m1 roundings are to nearest, ties to even, saturating (e2m1 at +-6).
+The sm_100a build converts to e2m1 with the native cvt.rn.satfinite.e2m1x2.f32; the sm_90a build
+compares against the rounding thresholds (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), same results.
+
+Scale layouts (``scale_layout``):
+- ``swizzled_128x4`` (CUTLASS / cuBLAS block-scaled GEMMs): a [rows_padded, groups_padded]
+  tensor, rows_padded = tokens rounded up to 128 (any multiple of 128 that is >= tokens),
+  groups_padded = hidden/block rounded up to 4 (static); scale (m, k) sits at flat offset
+  (m/128)*(groups_padded/4)*512 + (k/4)*512 + (m%32)*16 + ((m%128)/32)*4 + k%4. Padding entries
+  are not written: allocate the tensor zeroed once (the GEMM reads them for the padded rows).
+- ``row_major``: [tokens, hidden/block], contiguous.
+Scales are float8_e8m0fnu (MX) or float8_e4m3fn (NVFP4) tensors; packed data float4_e2m1fn_x2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...archs import Arch
+from ...errors import ConfigError
+from ..act_and_mul.tuning import (
+    DECODE_MAX_VECS,
+    DECODE_THREADS,
+    DECODE_WARPS_PER_SM,
+    PREFILL_MAX_VECS,
+    PREFILL_THREADS,
+)
+from ..base import KernelFamily, choice
+from ..chunked_rows import chunk_split, chunked_plan
+from ..rowwise import access_bytes, vector_width
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+
+__all__ = ["BlockScaledQuantConfig", "BlockScaledQuant", "FORMATS", "BLOCK"]
+
+FORMATS = ("mxfp8", "mxfp4")  # nvfp4: the nvfp4_quant family
+BLOCK = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16}
+MAX_HIDDEN = 32768
+
+
+@dataclass(frozen=True)
+class BlockScaledQuantConfig:
+    hidden: int
+    format: str = choice(*FORMATS, default="mxfp8", doc="data / scale format")
+    dtype: str = choice("bfloat16", "float16", default="bfloat16", doc="input dtype")
+    scale_layout: str = choice("swizzled_128x4", "row_major", default="swizzled_128x4",
+                               doc="layout of the scales")
+
+
+def _groups_padded(c) -> int:
+    groups = c.hidden // BLOCK[c.format]
+    return -(-groups // 4) * 4
+
+
+class BlockScaledQuant(KernelFamily):
+    name = "block_scaled_quant"
+    Config = BlockScaledQuantConfig
+    device_module = "rose_aot.kernels.block_scaled_quant.device"
+    shape_fields = ("hidden",)
+
+    def validate(self, c: BlockScaledQuantConfig) -> None:
+        block = BLOCK[c.format]
+        if not 0 < c.hidden <= MAX_HIDDEN or c.hidden % block:
+            raise ConfigError(self.name, "hidden",
+                              f"{c.hidden} is not supported for {c.format}; use a multiple of "
+                              f"{block} up to {MAX_HIDDEN}")
+
+    def vec(self, c, arch: Arch) -> int:
+        return vector_width(c.dtype, access_bytes(arch, c.hidden * DTYPES[c.dtype].bits // 8))
+
+    def args(self, c: BlockScaledQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
+        tokens = Dim("tokens")
+        vec = self.vec(c, arch)
+        fp4 = c.format != "mxfp8"
+        data_dtype = "float4_e2m1fn_x2" if fp4 else "float8_e4m3fn"
+        data_cols = c.hidden // 2 if fp4 else c.hidden
+        data_vec = vec // 2 if fp4 else vec  # bytes of data per input vector
+        scale_dtype = "float8_e4m3fn" if c.format == "nvfp4" else "float8_e8m0fnu"
+        groups = c.hidden // BLOCK[c.format]
+        x = TensorArg("x", c.dtype, (tokens, c.hidden),
+                      (Dim("x_row_stride", width=64, divisibility=vec), 1),
+                      vec * DTYPES[c.dtype].bits // 8, role="input")
+        q = TensorArg("q", data_dtype, (tokens, data_cols),
+                      (Dim("q_row_stride", width=64, divisibility=data_vec), 1), data_vec,
+                      role="output")
+        if c.scale_layout == "row_major":
+            scales = TensorArg("scales", scale_dtype, (tokens, groups), (groups, 1), 1,
+                               role="output", layout="row_major")
+        else:
+            gp = _groups_padded(c)
+            rows = Dim("scale_rows_padded", divisibility=128)
+            scales = TensorArg("scales", scale_dtype, (rows, gp), (gp, 1), 16, role="output",
+                               layout="swizzled_128x4")
+        if c.format == "nvfp4":
+            g = TensorArg("global_scale", "float32", (1,), (1,), 4, role="input")
+            return (x, g, q, scales)
+        return (x, q, scales)
+
+    def variants(self, c: BlockScaledQuantConfig, arch: Arch) -> tuple[Variant, ...]:
+        params = tuple(a.name for a in self.args(c, arch))
+        vec = self.vec(c, arch)
+        out = []
+        for name, threads, vecs in (
+            ("decode", DECODE_THREADS, DECODE_MAX_VECS),
+            ("prefill", PREFILL_THREADS, PREFILL_MAX_VECS),
+        ):
+            split = chunk_split(c.hidden // vec, threads, vecs)
+            constants = {**split.constants(), "vec": vec, "group_lanes": BLOCK[c.format] // vec,
+                         "groups_padded": _groups_padded(c),
+                         "native_e2m1": arch.capability[0] >= 10}
+            out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
+                               pdl=name == "decode"))
+        return tuple(out)
+
+    def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
+        self.check_force(force)
+        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM, force)
+        return () if chosen is None else (chosen,)

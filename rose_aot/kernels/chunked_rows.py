@@ -1,0 +1,96 @@
+"""Work split of the element-wise row families (act_and_mul, fp8_group_quant): plain Python.
+
+A row of ``vectors`` full-width accesses is cut into ``col_blocks`` equal chunks, one per block
+column of the grid (grid y); inside a chunk, thread ``t`` of the row handles the vectors
+``chunk_start + t + i * row_threads`` for ``i < vecs_per_thread`` (so the lanes of a warp touch
+consecutive vectors, and the lanes of one quantization group are consecutive lanes of one warp).
+When one chunk covers the whole row, a block holds ``rows_per_block`` rows (grid x = row blocks).
+
+Element-wise rows need no reduction over the row, so the row may be spread over as many blocks
+as the latency of one token wants (decode) or packed into few wide blocks (prefill).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import Launch
+
+__all__ = ["ChunkSplit", "chunk_split", "chunked_plan"]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class ChunkSplit:
+    row_threads: int  # threads of one row chunk (a multiple of 32)
+    vecs_per_thread: int
+    col_blocks: int  # blocks along the row (grid y)
+    rows_per_block: int  # rows of one block (only > 1 when col_blocks == 1)
+    exact: bool  # every (thread, i) vector lies inside the row: no predicates
+
+    @property
+    def threads(self) -> int:
+        return self.row_threads * self.rows_per_block
+
+    @property
+    def chunk_vectors(self) -> int:
+        return self.row_threads * self.vecs_per_thread
+
+    def constants(self) -> dict:
+        return {
+            "row_threads": self.row_threads,
+            "vecs_per_thread": self.vecs_per_thread,
+            "col_blocks": self.col_blocks,
+            "rows_per_block": self.rows_per_block,
+            "exact": self.exact,
+        }
+
+
+def chunk_split(vectors: int, max_threads: int, max_vecs: int) -> ChunkSplit:
+    """Split a row of `vectors` accesses over blocks of at most `max_threads` threads, each
+    thread holding at most `max_vecs` vectors.
+
+    Prefers an exact split (no predicated vectors): the fewest block columns, then the most
+    vectors per thread; otherwise chunks as equal as possible with the tail predicated."""
+    if vectors <= 0 or max_threads % 32 or max_vecs <= 0:
+        raise ValueError(f"bad split request: vectors={vectors} threads={max_threads} vecs={max_vecs}")
+    fewest = _ceil_div(vectors, max_threads * max_vecs)
+    for col_blocks in range(fewest, 2 * fewest + 1):
+        if vectors % col_blocks:
+            continue
+        per_block = vectors // col_blocks
+        for per_thread in range(max_vecs, 0, -1):
+            row_threads, rest = divmod(per_block, per_thread)
+            if not rest and row_threads % 32 == 0 and row_threads <= max_threads:
+                rows = max(1, max_threads // row_threads) if col_blocks == 1 else 1
+                return ChunkSplit(row_threads, per_thread, col_blocks, rows, True)
+    col_blocks = fewest
+    per_block = _ceil_div(vectors, col_blocks)
+    row_threads = min(max_threads, 32 * _ceil_div(_ceil_div(per_block, max_vecs), 32))
+    per_thread = _ceil_div(per_block, row_threads)
+    col_blocks = _ceil_div(vectors, row_threads * per_thread)
+    rows = max(1, max_threads // row_threads) if col_blocks == 1 else 1
+    exact = col_blocks * row_threads * per_thread == vectors
+    return ChunkSplit(row_threads, per_thread, col_blocks, rows, exact)
+
+
+def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int,
+                 force: str | None = None) -> Launch | None:
+    """The one launch of a chunked-row family (None for no tokens).
+
+    Decode while the batch, at one vector per thread, is at most `decode_warps_per_sm` warps
+    per SM; the row's vector count is read from the decode variant's constants."""
+    if tokens == 0:
+        return None
+    k = variants["decode"].constants
+    vectors = k["row_threads"] * k["vecs_per_thread"] * k["col_blocks"]
+    use_decode = tokens * vectors <= 32 * decode_warps_per_sm * sm_count
+    if force is not None:
+        use_decode = force == "decode"
+    name = "decode" if use_decode else "prefill"
+    v = variants[name]
+    rows = v.constants["rows_per_block"]
+    return Launch(name, (-(-tokens // rows), v.constants["col_blocks"], 1))

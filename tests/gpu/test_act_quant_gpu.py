@@ -1,0 +1,110 @@
+"""act_and_mul, fp8_group_quant, act_and_mul_fp8_quant, block_scaled_quant and nvfp4_quant from a
+CPU-built bundle against
+float64 references, on the GPU (tolerances: tests/gpu/act_quant_cases.py).
+On an H200 the block-scaled formats run their sm_90a build (software e2m1 rounding); the
+sm_100a build's native conversion is compiled and PTX-checked on the CPU only.
+
+Build the bundle on a CPU machine with these points, e.g.
+    rose-aot build tests/manifests/act-quant-cases.toml -o build/act-quant.rosebundle
+then on the GPU machine:
+    ROSE_AOT_TEST_BUNDLE=build/act-quant.rosebundle python -m pytest tests/gpu/test_act_quant_gpu.py -m gpu
+Every point of the bundle in these families for the GPU's arch runs at each token count with
+the plan's choice and with each variant forced; inputs are strided views; outputs poisoned.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from act_quant_cases import compare, make_case, poison  # noqa: E402
+
+from rose_aot import open_bundle  # noqa: E402
+from rose_aot.kernels import get_family  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = (1, 7, 128, 4096, 20011)
+FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",
+            "nvfp4_quant")
+
+
+@pytest.fixture(scope="module")
+def bundle(shipped_bundle_path):
+    return open_bundle(shipped_bundle_path)
+
+
+def _points(bundle):
+    import torch
+
+    arch = bundle.arch_for_device(torch.cuda.current_device())
+    return [(p["family"], p["config"]) for p in bundle.index["points"]
+            if p["arch"] == arch and p["family"] in FAMILIES]
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_every_point_against_reference(bundle, tokens):
+    import torch
+
+    points = _points(bundle)
+    assert points, "the bundle has no activation/quantization point for this GPU's arch"
+    for i, (family_name, values) in enumerate(points):
+        family = get_family(family_name)
+        config = family.make_config(**values)
+        handle = bundle.kernel(family_name, **values)
+        args, want, views = make_case(family_name, config, tokens, seed=1000 * tokens + i)
+        for variant in (None, "decode", "prefill"):
+            poison(family_name, views)
+            handle(*args, variant=variant)
+            torch.cuda.synchronize()
+            compare(family_name, config, want, views,
+                    f"{family.key(config)} T={tokens} {variant or 'auto'}")
+
+
+def test_fp8_non_finite_inputs_follow_the_documented_policy(bundle):
+    """NaN ignored by the absmax and quantized to NaN; inf: scale inf, code NaN, others +-0."""
+    import torch
+
+    points = [(f, v) for f, v in _points(bundle) if f == "fp8_group_quant"]
+    assert points
+    for family_name, values in points:
+        family = get_family(family_name)
+        c = family.make_config(**values)
+        args, _, views = make_case(family_name, c, 4, seed=5)
+        x = args[0]
+        x[0, 3] = float("nan")
+        x[1, 5] = float("inf")
+        x[3, 7] = float("-inf")
+        want_q = torch.empty(4, c.hidden, dtype=torch.float8_e4m3fn)
+        want_s = torch.empty(4, c.hidden // c.group)
+        family.reference(c, x.cpu().contiguous(), want_q, want_s)
+        bundle.kernel(family_name, **values)(*args)
+        torch.cuda.synchronize()
+        compare(family_name, c, {"q": want_q, "scales": want_s}, views, f"{family.key(c)} non-finite")
+
+
+def test_launch_is_captured_by_cuda_graphs(bundle):
+    import torch
+
+    family_name, values = next(p for p in _points(bundle) if p[0] == "act_and_mul_fp8_quant")
+    family = get_family(family_name)
+    c = family.make_config(**values)
+    handle = bundle.kernel(family_name, **values)
+    args, want, views = make_case(family_name, c, 300, seed=11)
+    handle(*args)  # module load and warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        handle(*args)
+    poison(family_name, views)
+    graph.replay()
+    torch.cuda.synchronize()
+    compare(family_name, c, want, views, "graph replay")
+
+
+def test_loader_imported_no_cutlass():
+    assert not [m for m in sys.modules if m == "cutlass" or m.startswith("cutlass.")]
