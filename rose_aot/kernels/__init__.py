@@ -5,6 +5,7 @@ device code lives in each family's ``device`` module, which only the builder and
 from __future__ import annotations
 
 from ..errors import ConfigError
+from .all_reduce import AllReduce
 from .base import KernelFamily, config_digest, config_json, kernel_source_digest, point_key
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
@@ -29,6 +30,7 @@ FAMILIES: dict[str, KernelFamily] = {
         QkNorm(),
         MoeDispatch(),
         MoeCombine(),
+        AllReduce(),
     )
 }
 
