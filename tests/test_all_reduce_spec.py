@@ -328,3 +328,20 @@ def test_no_multicast_anywhere_in_the_sources():
     hits = [f"{f}:{i + 1}" for f in files for i, line in enumerate(f.read_text().splitlines())
             if bad.search(line) and not line.lstrip().startswith("#")]
     assert not hits, hits
+
+
+def test_multigpu_scripts_parse_and_set_the_no_multicast_environment():
+    """The two-GPU scripts run unattended on a machine this CPU suite never sees: they must at
+    least parse, and the launcher and the shared setup must switch NVLink multicast off."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for rel in ("tests/multigpu/check_all_reduce.py", "tests/multigpu/common.py",
+                "tests/multigpu/test_multigpu.py", "benchmarks/bench_multigpu.py"):
+        compile((root / rel).read_text(), rel, "exec")
+    common = (root / "tests/multigpu/common.py").read_text()
+    launcher = (root / "tests/multigpu/run.sh").read_text()
+    for text in (common, launcher):
+        assert "NCCL_NVLS_ENABLE" in text and "TORCH_SYMM_MEM_DISABLE_MULTICAST" in text
+    # the environment is set before torch is imported
+    assert common.index('os.environ["NCCL_NVLS_ENABLE"] = "0"') < common.index("import torch")
