@@ -59,6 +59,28 @@ def random(shape, dtype, seed, device):
     return torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dtype)
 
 
+def check_param_abi(bundle, keys, device_index):
+    """The record's parameter sizes are what the driver reads from the cubin
+    (cuFuncGetParamInfo), for every all_reduce variant: the scalar rank included (the loader
+    passes one pointer per parameter, so only the sizes and the order must agree)."""
+    from rose_aot.loader import driver
+
+    arch = bundle.arch_for_device(device_index)
+    problems, checked = [], 0
+    for key in keys:
+        record = bundle.record(key, arch)
+        for v in record.variants:
+            kernels = bundle.device_kernels(device_index, key, v.name)
+            for entry, kernel in zip(v.entries, kernels):
+                info = driver.function_param_info(kernel, entry)
+                want = [p.size for p in v.params]
+                if [size for _, size in info] != want:
+                    problems.append(f"{key} {v.name}: driver sizes {info}, record {want}")
+                checked += 1
+    fail_if(problems)
+    return f"{checked} kernel entries"
+
+
 def check_plain(ar, dtype_name, nbytes, variant, rank, device, seed):
     import torch
     import torch.distributed as dist
@@ -274,6 +296,8 @@ def main() -> int:
               if p["family"] == "all_reduce" and p["config"]["world_size"] == world]
     fused_points = [c for c in points if c.epilogue != "none"]
     log(rank, f"{len(points)} all_reduce points for world size {world} in the bundle")
+    runner.run("parameter ABI vs the driver", check_param_abi, bundle,
+               [family.key(c) for c in points], local)
 
     sizes = SIZES if not args.quick else [2 * KB, 256 * KB, 4 * MB + 48]
     seed = 1
