@@ -318,8 +318,10 @@ def main() -> int:
             runner.run(f"fused {family.key(c)} tokens={tokens}",
                        check_fused, bundle, c, tokens, rank, device, ws, seed)
     if not fused_points:
-        runner.run("fused points present", lambda: (_ for _ in ()).throw(
-            CheckFailed("the bundle has no fused all_reduce point for this world size")))
+        def missing():
+            raise CheckFailed("the bundle has no fused all_reduce point for this world size")
+
+        runner.run("fused points present", missing)
 
     bf16_fused = next((c for c in fused_points if c.dtype == "bfloat16"), None)
     runner.run("CUDA graph: one-shot + two-shot + fused, 1000 replays",
