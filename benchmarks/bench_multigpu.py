@@ -45,6 +45,7 @@ SIZES = [8 * KB, 16 * KB, 32 * KB, 64 * KB, 128 * KB, 256 * KB, 512 * KB, 1 * MB
          4 * MB, 8 * MB, 16 * MB, 32 * MB, 64 * MB]
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
 HIDDEN = 7168
+TOP_K = 8
 CALLS_PER_GRAPH = 10
 WARMUP_REPLAYS = 5
 TIMED_REPLAYS = 40
@@ -96,7 +97,12 @@ def main() -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
     from rose_aot import open_bundle
-    from rose_aot.distributed import AllReduce, FusedAllReduceRmsNorm, SymmetricWorkspace
+    from rose_aot.distributed import (
+        AllReduce,
+        FusedAllReduceRmsNorm,
+        FusedMoeCombineAllReduce,
+        SymmetricWorkspace,
+    )
 
     info = {
         "gpu": torch.cuda.get_device_name(local),
@@ -180,13 +186,46 @@ def main() -> None:
             log(rank, " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                                for k, v in row.items()))
 
+    # Tensor-parallel MoE decode: each rank's combine (top-8, its half of the experts) + the
+    # all-reduce in one launch, vs moe_combine then the all-reduce.
+    combine_rows = []
+    combine = FusedMoeCombineAllReduce(bundle, dtype, hidden=HIDDEN, top_k=TOP_K, workspace=ws)
+    moe_combine = bundle.kernel("moe_combine", top_k=TOP_K, hidden=HIDDEN, dtype="bfloat16")
+    for tokens in tokens_list:
+        g = torch.Generator(device="cuda").manual_seed(tokens)
+        rows_y = tokens * TOP_K
+        owner = torch.randint(0, world, (tokens, TOP_K), generator=g, device="cuda")
+        slot = torch.randperm(rows_y, generator=g, device="cuda").view(tokens, TOP_K).int()
+        positions = torch.where(owner == rank, slot, torch.full_like(slot, -1))
+        weights = torch.rand(tokens, TOP_K, generator=g, device="cuda")
+        y = torch.randn(rows_y, HIDDEN, device="cuda").to(dtype)
+        out = torch.empty(tokens, HIDDEN, dtype=dtype, device="cuda")
+        partial = torch.empty_like(out)
+
+        def separate():
+            moe_combine(y, positions, weights, partial)
+            ar(partial, out)
+
+        def nccl_separate():
+            moe_combine(y, positions, weights, partial)
+            dist.all_reduce(partial)
+
+        row = {"tokens": tokens, "hidden": HIDDEN, "top_k": TOP_K,
+               "fused": time_graph(lambda: combine(y, positions, weights, out)),
+               "moe_combine_then_rose_ar": time_graph(separate),
+               "moe_combine_then_nccl": time_graph(nccl_separate)}
+        combine_rows.append(row)
+        if rank == 0:
+            log(rank, " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in row.items()))
+
     if rank == 0:
-        write(info, rows, fused_rows, suggested, world)
+        write(info, rows, fused_rows, suggested, world, combine_rows)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def write(info, rows, fused_rows, suggested, world) -> None:
+def write(info, rows, fused_rows, suggested, world, combine_rows=()) -> None:
     out = os.environ.get("OUT") or os.path.join(HERE, "results")
     os.makedirs(out, exist_ok=True)
     goals = []
@@ -203,10 +242,17 @@ def write(info, rows, fused_rows, suggested, world) -> None:
         ours, nccl = bus_gbs(64 * MB, big[0]["rose_plan"], world), bus_gbs(64 * MB, big[0]["nccl"], world)
         goals.append((">= 90% of NCCL's bus bandwidth at 64 MB", ours >= 0.9 * nccl,
                       f"{ours:.0f} vs {nccl:.0f} GB/s ({100 * ours / nccl:.0f}%)"))
+    slower_combine = [r["tokens"] for r in combine_rows
+                      if r["fused"] >= r["moe_combine_then_rose_ar"]]
+    if combine_rows:
+        goals.append(("fused MoE combine + all-reduce faster than the two launches at 1-128 tokens",
+                      not slower_combine,
+                      f"not faster at {slower_combine}" if slower_combine else ""))
     slower = [r["tokens"] for r in fused_rows if r["fused"] >= r["rose_ar_then_rms_norm"]]
     goals.append(("fused AR+residual+RMSNorm faster than separate launches at 1-128 tokens",
                   not slower, f"not faster at {slower}" if slower else ""))
     data = {"info": info, "all_reduce_bf16": rows, "fused_7168_bf16": fused_rows,
+            "moe_combine_all_reduce_7168_top8_bf16": list(combine_rows),
             "suggested_two_shot_min_bytes": suggested,
             "goals": [{"goal": g, "met": bool(m), "detail": d} for g, m, d in goals]}
     with open(os.path.join(out, "multigpu.json"), "w") as f:
@@ -232,6 +278,14 @@ def write(info, rows, fused_rows, suggested, world) -> None:
     for r in fused_rows:
         lines.append(f"| {r['tokens']} | {r['fused']:.2f} | {r['rose_ar_then_rms_norm']:.2f} | "
                      f"{r['nccl_then_rms_norm']:.2f} |")
+    if combine_rows:
+        lines += ["", f"## Fused MoE combine (top-{TOP_K}) + all-reduce, hidden {HIDDEN}, bf16, "
+                  f"µs per call", "",
+                  "| tokens | fused (1 launch) | moe_combine + rose AR (2) | moe_combine + NCCL (2) |",
+                  "|---|---|---|---|"]
+        for r in combine_rows:
+            lines.append(f"| {r['tokens']} | {r['fused']:.2f} | "
+                         f"{r['moe_combine_then_rose_ar']:.2f} | {r['moe_combine_then_nccl']:.2f} |")
     lines += ["", "## Goals (issue 12)", ""]
     lines += [f"- {'MET' if m else 'MISSED'}: {g}{' (' + d + ')' if d else ''}" for g, m, d in goals]
     with open(os.path.join(out, "multigpu.md"), "w") as f:

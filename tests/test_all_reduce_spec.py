@@ -28,8 +28,14 @@ def plain(**overrides):
     return AR.make_config(**{"world_size": 2, "dtype": "bfloat16", **overrides})
 
 
+def combine(**overrides):
+    values = {"world_size": 2, "dtype": "bfloat16", "fusion": "moe_combine", "hidden": 7168,
+              "top_k": 8, **overrides}
+    return AR.make_config(**values)
+
+
 def fused(**overrides):
-    values = {"world_size": 2, "dtype": "bfloat16", "epilogue": "residual_rms_norm",
+    values = {"world_size": 2, "dtype": "bfloat16", "fusion": "residual_rms_norm",
               "hidden": 7168, **overrides}
     return AR.make_config(**values)
 
@@ -41,11 +47,15 @@ def fused(**overrides):
         (plain, {"world_size": 1}, "world_size"),
         (plain, {"world_size": MAX_RANKS + 1}, "world_size"),
         (plain, {"dtype": "float8_e4m3fn"}, "dtype"),
-        (plain, {"epilogue": "gelu"}, "epilogue"),
+        (plain, {"fusion": "gelu"}, "fusion"),
         (fused, {"hidden": 0}, "hidden"),
         (fused, {"hidden": 7164}, "hidden"),  # not a multiple of 8 bf16 (16-byte vectors)
         (fused, {"hidden": 32768}, "hidden"),
         (fused, {"eps": 0.0}, "eps"),
+        (combine, {"top_k": 0}, "top_k"),
+        (combine, {"top_k": 33}, "top_k"),
+        (combine, {"dtype": "float32"}, "dtype"),
+        (combine, {"hidden": 100}, "hidden"),
     ],
 )
 def test_bad_configs_name_the_field(make, overrides, field):
@@ -54,10 +64,13 @@ def test_bad_configs_name_the_field(make, overrides, field):
     assert info.value.field == field
 
 
-def test_norm_fields_are_dropped_without_the_norm_epilogue_one_key():
-    assert plain(hidden=4096, eps=1e-5) == plain()
+def test_fields_a_fusion_does_not_use_are_dropped_one_key():
+    assert plain(hidden=4096, eps=1e-5, top_k=8) == plain()
     assert AR.key(plain(weight_offset=1.0)) == AR.key(plain())
     assert AR.key(fused()) != AR.key(fused(eps=1e-5))
+    assert fused(top_k=8) == fused()
+    assert combine(eps=1e-3, weight_offset=1.0) == combine()
+    assert AR.key(combine()) != AR.key(combine(top_k=4))
 
 
 # --- arguments and variants -------------------------------------------------------------------
@@ -87,6 +100,20 @@ def test_fused_arguments_and_variant():
     assert v.smem == 4 * 14 and v.cooperative
 
 
+def test_moe_combine_arguments_and_variant():
+    c = combine()
+    args = AR.args(c, H90)
+    assert [a.name for a in args] == [
+        "y", "positions", "weights", "out", "buffer", "ptrs", "state", "rank"
+    ]
+    by = {a.name: a for a in args}
+    assert by["y"].shape[0].name == "rows" and by["out"].shape[0].name == "n"
+    assert by["positions"].shape == (by["out"].shape[0], 8) and by["weights"].dtype == "float32"
+    (v,) = AR.variants(c, H90)
+    assert v.block == (448, 1, 1) and v.smem == 0 and v.cooperative
+    assert plan(c, 16)[0].grid == (16, 1, 1)
+
+
 def test_plain_variants_are_cooperative_and_within_the_flag_region():
     for v in AR.variants(plain(), H90):
         assert v.cooperative
@@ -98,7 +125,7 @@ def test_plain_variants_are_cooperative_and_within_the_flag_region():
 def plan(c, n, capacity=None, sm=132, force=None):
     variants = {v.name: v for v in AR.variants(c, H90)}
     if capacity is None:
-        capacity = 2 * (n if c.epilogue == "none" else n * c.hidden) + 64
+        capacity = 2 * (n if c.fusion == "none" else n * c.hidden) + 64
         capacity -= capacity % 16
     return AR.plan(c, variants, {"n": n, "capacity": capacity}, sm, force)
 
@@ -174,6 +201,8 @@ def compiled(c, arch):
         (fused(), "sm_90a"),
         (fused(hidden=2880, weight_offset=1.0), "sm_90a"),
         (fused(dtype="float32", hidden=2048, world_size=4), "sm_100a"),
+        (combine(), "sm_90a"),
+        (combine(dtype="float16", hidden=2880, top_k=4, world_size=8), "sm_100a"),
     ],
     ids=lambda v: v if isinstance(v, str) else AR.key(v),
 )
@@ -242,6 +271,41 @@ def test_ordered_sum_matches_the_float64_reference_within_one_rounding():
             assert torch.equal(ordered_sum(xs), out)
 
 
+def test_moe_combine_reference_is_the_sum_of_each_ranks_combine():
+    """Each rank combines only its own experts (others at position -1); the fused reference
+    is the float64 sum of the ranks' rounded moe_combine outputs, and with the experts split
+    over two ranks it stays within one rounding of the single-GPU combine of all experts."""
+    gen = torch.Generator().manual_seed(2)
+    c = combine(hidden=64, top_k=4)
+    tokens, rows = 6, 24
+    y = [torch.randn(rows, 64, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    weights = torch.rand(tokens, 4, generator=gen)
+    everything = torch.randint(0, rows, (tokens, 4), generator=gen, dtype=torch.int32)
+    owner = torch.randint(0, 2, (tokens, 4), generator=gen)
+    inputs = []
+    for r in range(2):
+        pos = torch.where(owner == r, everything, torch.full_like(everything, -1))
+        inputs.append((y[r], pos, weights))
+    out = torch.empty(tokens, 64, dtype=torch.bfloat16)
+    AR.reference(c, inputs, out)
+
+    mc = get_family("moe_combine")
+    mcc = mc.make_config(top_k=4, hidden=64, dtype="bfloat16")
+    partials = []
+    for y_r, pos, w in inputs:
+        part = torch.empty(tokens, 64, dtype=torch.bfloat16)
+        mc.reference(mcc, y_r, pos, w, part)
+        partials.append(part.double())
+    assert torch.equal(out, (partials[0] + partials[1]).to(torch.bfloat16))
+    # single GPU, every expert local: y of both ranks stacked, positions shifted for rank 1
+    stacked = torch.cat(y)
+    pos_all = torch.where(owner == 0, everything, everything + rows)
+    single = torch.empty(tokens, 64, dtype=torch.bfloat16)
+    mc.reference(mcc, stacked, pos_all, weights, single)
+    err = (single.double() - out.double()).abs() / single.double().abs().clamp(min=1.0)
+    assert err.max().item() <= 2**-7
+
+
 def test_fused_reference_is_the_unfused_sequence():
     """all_reduce then rms_norm(fused_residual): the fused reference must produce the same
     residual and output as the two families' references applied in sequence."""
@@ -276,6 +340,7 @@ def test_derive_adds_points_for_tensor_parallel_models_only():
     assert AR.derive(ModelFacts(hidden=7168, eps=1e-6, tp=16)) == []  # beyond one node
     gemma = AR.derive(ModelFacts(hidden=3840, eps=1e-6, tp=4, weight_offset=1.0))
     assert AR.make_config(**dict(gemma[1].fields)).weight_offset == 1.0
+    assert len(gemma) == 2  # no MoE: no combine point
 
 
 def test_from_config_tp_adds_all_reduce_points():
@@ -286,11 +351,14 @@ def test_from_config_tp_adds_all_reduce_points():
     configs = Path(__file__).parent / "data" / "hf_configs"
     points = manifest_from_config(configs / "qwen3-8b", tp=2).manifest().points
     ar = [p.config for p in points if p.family == "all_reduce"]
-    assert {(c.world_size, c.epilogue, c.hidden) for c in ar} == {
+    assert {(c.world_size, c.fusion, c.hidden) for c in ar} == {
         (2, "none", 0), (2, "residual_rms_norm", 4096)
     }
     points = manifest_from_config(configs / "qwen3-8b", tp=1).manifest().points
     assert not [p for p in points if p.family == "all_reduce"]
+    points = manifest_from_config(configs / "qwen3-30b-a3b", tp=4).manifest().points
+    moe = [p.config for p in points if p.family == "all_reduce" and p.config.fusion == "moe_combine"]
+    assert [(c.world_size, c.hidden, c.top_k) for c in moe] == [(4, 2048, 8)]
 
 
 # --- the distributed module -------------------------------------------------------------------

@@ -6,7 +6,7 @@ NVLink multicast (NVLS) is never used: :func:`check_no_multicast_env` refuses to
 unless NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are in the environment.
 """
 
-from .collectives import AllReduce, FusedAllReduceRmsNorm
+from .collectives import AllReduce, FusedAllReduceRmsNorm, FusedMoeCombineAllReduce
 from .workspace import (
     NO_MULTICAST_ENV,
     DistributedError,
@@ -25,4 +25,5 @@ __all__ = [
     "workspace_for",
     "AllReduce",
     "FusedAllReduceRmsNorm",
+    "FusedMoeCombineAllReduce",
 ]

@@ -5,6 +5,8 @@
     ar(x)                              # in place; or ar(x, out)
     norm = FusedAllReduceRmsNorm(bundle, hidden=7168, eps=1e-6, max_tokens=128)
     norm(x, residual, weight, out)     # residual += sum(x) (rounded); out = rmsnorm(residual)
+    combine = FusedMoeCombineAllReduce(bundle, torch.bfloat16, hidden=7168, top_k=8)
+    combine(y, positions, weights, out)  # out = sum over ranks of this rank's MoE combine
 
 Calls only launch (no host sync, no allocation), so they can be captured in CUDA graphs; call
 once before capturing (loads the kernels and resolves the plan). Every rank must make the same
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from .workspace import DistributedError, SymmetricWorkspace, workspace_for
 
-__all__ = ["AllReduce", "FusedAllReduceRmsNorm"]
+__all__ = ["AllReduce", "FusedAllReduceRmsNorm", "FusedMoeCombineAllReduce"]
 
 
 def _dtype_name(dtype) -> str:
@@ -63,7 +65,7 @@ class FusedAllReduceRmsNorm:
                 f"{max_tokens} tokens x {hidden} need {nbytes}"
             )
         config = {"world_size": self.workspace.world_size, "dtype": _dtype_name(dtype),
-                  "epilogue": "residual_rms_norm", "hidden": hidden, "eps": eps}
+                  "fusion": "residual_rms_norm", "hidden": hidden, "eps": eps}
         if weight_offset:
             config["weight_offset"] = weight_offset
         self.handle = bundle.kernel("all_reduce", **config)
@@ -71,4 +73,31 @@ class FusedAllReduceRmsNorm:
 
     def __call__(self, x, residual, weight, out):
         self.handle(x, residual, weight, out, *self._tail)
+        return out
+
+
+class FusedMoeCombineAllReduce:
+    """out = sum over ranks of each rank's MoE combine (weights[t, k] * y[positions[t, k]] over
+    its own experts; other ranks' experts have position -1), in one launch (one-shot): the
+    decode step of tensor-parallel MoE. For prefill sizes use moe_combine + AllReduce."""
+
+    def __init__(self, bundle, dtype, *, hidden: int, top_k: int, group=None,
+                 max_tokens: int = 128, workspace: SymmetricWorkspace | None = None):
+        import torch
+
+        nbytes = max_tokens * hidden * torch.empty((), dtype=dtype).element_size()
+        self.workspace = workspace or workspace_for(group, nbytes)
+        if self.workspace.max_bytes < nbytes:
+            raise DistributedError(
+                f"the workspace holds {self.workspace.max_bytes} bytes per call; "
+                f"{max_tokens} tokens x {hidden} need {nbytes}"
+            )
+        self.handle = bundle.kernel(
+            "all_reduce", world_size=self.workspace.world_size, dtype=_dtype_name(dtype),
+            fusion="moe_combine", hidden=hidden, top_k=top_k,
+        )
+        self._tail = self.workspace.args(dtype)
+
+    def __call__(self, y, positions, weights, out):
+        self.handle(y, positions, weights, out, *self._tail)
         return out

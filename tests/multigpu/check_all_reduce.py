@@ -13,8 +13,12 @@ when every check passed on this rank (torchrun fails if any rank fails). Checks:
   tokens: residual bitwise equal to round(round(sum) + residual), out within tolerance of the
   unfused sequence (our all-reduce, then the bundle's rms_norm with the residual add) and of
   the float64 reference, both bitwise equal across ranks;
-- CUDA graphs: one-shot, two-shot and fused calls captured together, 1000 replays with fresh
-  inputs checked every 100, the call epoch advanced by exactly the number of calls;
+- fused MoE combine + all-reduce for every such point at 1..300 tokens with random, skewed (all
+  experts on rank 0) and empty (tokens with no local expert) routing: within tolerance of
+  moe_combine + all-reduce from the same bundle and of the float64 reference, bitwise equal
+  across ranks and from call to call;
+- CUDA graphs: one-shot, two-shot and both fused calls captured together, 1000 replays with
+  fresh inputs checked every 100, the call epoch advanced by exactly the number of calls;
 - the loader and rose_aot.distributed imported no cutlass module.
 A hang (a flag that never arrives) ends the process after a timeout, naming the check.
 """
@@ -179,10 +183,81 @@ def check_fused(bundle, point, tokens, rank, device, ws, seed):
     return detail
 
 
-def check_graphs(bundle, rank, world, device, ws, fused_point):
+def combine_inputs(c, tokens, rank, world, device, seed, routing):
+    """This rank's (y, positions, weights) for a tensor-parallel MoE step: routing and weights
+    replicated on every rank; each (token, k) owned by one rank, whose position points at a
+    row of its y, and -1 on the others. routing: "random", "skewed" (all on rank 0) or
+    "empty" (nothing on any rank for even tokens)."""
     import torch
 
-    from rose_aot.distributed import AllReduce, FusedAllReduceRmsNorm
+    g = torch.Generator(device=device).manual_seed(seed)  # same on every rank
+    owner = torch.randint(0, world, (tokens, c.top_k), generator=g, device=device)
+    if routing == "skewed":
+        owner.zero_()
+    rows = tokens * c.top_k
+    slot = torch.randperm(rows, generator=g, device=device).view(tokens, c.top_k).int()
+    mine = owner == rank
+    if routing == "empty":
+        mine[0::2] = False
+    positions = torch.where(mine, slot, torch.full_like(slot, -1))
+    weights = torch.rand(tokens, c.top_k, generator=g, device=device)
+    dtype = getattr(torch, c.dtype)
+    y = random((rows, c.hidden), dtype, seed * 100 + rank, device)
+    return y, positions, weights
+
+
+def check_combine(bundle, c, tokens, routing, rank, world, device, ws, seed):
+    import torch
+
+    from rose_aot.distributed import AllReduce, FusedMoeCombineAllReduce
+    from rose_aot.kernels import get_family
+    from rose_aot.kernels.all_reduce.reference import ordered_sum
+
+    dtype = getattr(torch, c.dtype)
+    fused = FusedMoeCombineAllReduce(bundle, dtype, hidden=c.hidden, top_k=c.top_k, workspace=ws)
+    plain = AllReduce(bundle, dtype, workspace=ws)
+    y, positions, weights = combine_inputs(c, tokens, rank, world, device, seed, routing)
+    out = torch.full((tokens, c.hidden), float("nan"), dtype=dtype, device=device)
+    fused(y, positions, weights, out)
+    again = torch.full_like(out, float("nan"))
+    fused(y, positions, weights, again)
+    problems = [bitwise_problem("second call vs first", again, out)]
+
+    ys, poss = gather(y), gather(positions)
+    ref = torch.empty(tokens, c.hidden, dtype=dtype)
+    get_family("all_reduce").reference(
+        c, [(yy.cpu(), pp.cpu(), weights.cpu()) for yy, pp in zip(ys, poss)], ref)
+    problems.append(close_problem("out vs the float64 reference", out.cpu(), ref, c.dtype))
+
+    detail = ""
+    try:
+        combine = bundle.kernel("moe_combine", top_k=c.top_k, hidden=c.hidden, dtype=c.dtype)
+    except Exception as exc:  # noqa: BLE001
+        problems.append(f"the bundle lacks the unfused moe_combine point ({exc})")
+        combine = None
+    if combine is not None:
+        partial = torch.full_like(out, float("nan"))
+        combine(y, positions, weights, partial)
+        seq = torch.full_like(out, float("nan"))
+        plain(partial, seq)
+        torch.cuda.synchronize()
+        problems += [
+            bitwise_problem("unfused all-reduce vs the rank-order sum of the partials", seq,
+                            ordered_sum(gather(partial))),
+            close_problem("out vs moe_combine + all_reduce", out, seq, c.dtype),
+        ]
+        same = int((out == seq).sum().item())
+        detail = f"bitwise equal to moe_combine + all_reduce at {same}/{out.numel()}"
+    outs = gather(out)
+    problems += [bitwise_problem(f"out rank {r} vs rank 0", o, outs[0]) for r, o in enumerate(outs)]
+    fail_if(problems)
+    return detail
+
+
+def check_graphs(bundle, rank, world, device, ws, fused_point, combine_point):
+    import torch
+
+    from rose_aot.distributed import AllReduce, FusedAllReduceRmsNorm, FusedMoeCombineAllReduce
     from rose_aot.kernels.all_reduce.reference import ordered_sum
 
     dtype = torch.bfloat16
@@ -206,6 +281,13 @@ def check_graphs(bundle, rank, world, device, ws, fused_point):
         fres = fres0.clone()
         fw = (1.0 + 0.1 * random(c.hidden, torch.float32, 6, device)).to(fdtype)
         fout = torch.empty_like(fx)
+    combine = None
+    if combine_point is not None:
+        cc = combine_point
+        combine = FusedMoeCombineAllReduce(bundle, getattr(torch, cc.dtype), hidden=cc.hidden,
+                                           top_k=cc.top_k, workspace=ws)
+        cy, cpos, cw = combine_inputs(cc, 8, rank, world, device, 11, "random")
+        cout = torch.empty(8, cc.hidden, dtype=cy.dtype, device=device)
 
     def body():
         nonlocal calls_per_graph
@@ -219,9 +301,13 @@ def check_graphs(bundle, rank, world, device, ws, fused_point):
                 fres.copy_(fres0)  # the fused call adds into the residual: restart it
                 fused(fx, fres, fw, fout)
                 calls_per_graph += 1
+            if combine is not None:
+                combine(cy, cpos, cw, cout)
+                calls_per_graph += 1
 
     body()  # warm up: loads the kernels, resolves the plans
     torch.cuda.synchronize()
+    cout_eager = cout.clone() if combine is not None else None
     epoch0 = ws.epoch()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -247,6 +333,9 @@ def check_graphs(bundle, rank, world, device, ws, fused_point):
             problems.append(bitwise_problem(f"fused residual after {replays} replays", fres, want))
             outs = gather(fout)
             problems.append(bitwise_problem("fused out rank 1 vs rank 0", outs[-1], outs[0]))
+        if combine is not None:  # static inputs: every replay must give the eager bits
+            problems.append(bitwise_problem(f"combine after {replays} replays vs eager", cout,
+                                            cout_eager))
         if any(problems):
             break
     epoch = ws.epoch()
@@ -294,7 +383,8 @@ def main() -> int:
     family = get_family("all_reduce")
     points = [family.make_config(**p["config"]) for p in bundle.index["points"]
               if p["family"] == "all_reduce" and p["config"]["world_size"] == world]
-    fused_points = [c for c in points if c.epilogue != "none"]
+    fused_points = [c for c in points if c.fusion == "residual_rms_norm"]
+    combine_points = [c for c in points if c.fusion == "moe_combine"]
     log(rank, f"{len(points)} all_reduce points for world size {world} in the bundle")
     runner.run("parameter ABI vs the driver", check_param_abi, bundle,
                [family.key(c) for c in points], local)
@@ -323,9 +413,19 @@ def main() -> int:
 
         runner.run("fused points present", missing)
 
+    for c in combine_points:
+        for tokens, routing in ((1, "random"), (7, "skewed"), (16, "empty"), (128, "random"),
+                                (300, "random")):
+            if args.quick and tokens not in (1, 128):
+                continue
+            seed += 1
+            runner.run(f"moe combine + all-reduce {family.key(c)} tokens={tokens} {routing}",
+                       check_combine, bundle, c, tokens, routing, rank, world, device, ws, seed)
+
     bf16_fused = next((c for c in fused_points if c.dtype == "bfloat16"), None)
-    runner.run("CUDA graph: one-shot + two-shot + fused, 1000 replays",
-               check_graphs, bundle, rank, world, device, ws, bf16_fused)
+    bf16_combine = next((c for c in combine_points if c.dtype == "bfloat16"), None)
+    runner.run("CUDA graph: one-shot + two-shot + fused norm + fused combine, 1000 replays",
+               check_graphs, bundle, rank, world, device, ws, bf16_fused, bf16_combine)
     runner.run("no cutlass imported", lambda: fail_if([no_cutlass_loaded()]))
 
     failed = runner.failures()

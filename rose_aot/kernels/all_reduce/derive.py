@@ -16,7 +16,7 @@ def derive(model: ModelFacts) -> list[KernelEntry]:
     if not 2 <= model.tp <= MAX_RANKS or model.dtype not in _FLOATS:
         return []
     offset = (("weight_offset", model.weight_offset),) if model.weight_offset else ()
-    return [
+    entries = [
         KernelEntry(
             "all_reduce",
             (("world_size", model.tp), ("dtype", model.dtype)),
@@ -27,7 +27,7 @@ def derive(model: ModelFacts) -> list[KernelEntry]:
             (
                 ("world_size", model.tp),
                 ("dtype", model.dtype),
-                ("epilogue", "residual_rms_norm"),
+                ("fusion", "residual_rms_norm"),
                 ("hidden", model.hidden),
                 ("eps", model.eps),
                 *offset,
@@ -36,3 +36,21 @@ def derive(model: ModelFacts) -> list[KernelEntry]:
             (("hidden", "hidden_size"), ("eps", "rms_norm_eps")),
         ),
     ]
+    moe = model.moe
+    if moe is not None and model.dtype in ("bfloat16", "float16"):
+        entries.append(
+            KernelEntry(
+                "all_reduce",
+                (
+                    ("world_size", model.tp),
+                    ("dtype", model.dtype),
+                    ("fusion", "moe_combine"),
+                    ("hidden", moe.hidden),
+                    ("top_k", moe.top_k),
+                ),
+                "tensor-parallel MoE decode: each rank's expert combine + the all-reduce in one "
+                "launch (prefill: moe_combine, then the plain all-reduce).",
+                (("hidden", "hidden_size"),),
+            )
+        )
+    return entries

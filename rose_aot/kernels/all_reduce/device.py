@@ -281,7 +281,99 @@ def host_function(config: AllReduceConfig, variant: Variant, arch: Arch):
                         cute.autovec_copy(tOrO[None, i], gO[None, row * row_vec + idx])
         finish(mState, epoch)
 
-    if config.epilogue == "residual_rms_norm":
+    # --- fused: MoE combine + all-reduce (one-shot) ---------------------------------------------
+    top_k = config.top_k
+
+    @cute.kernel
+    def combine_kernel(mY: cute.Tensor, mPos: cute.Tensor, mWts: cute.Tensor, mO: cute.Tensor,
+                       mBuf: cute.Tensor, mPtrs: cute.Tensor, mState: cute.Tensor, rank: Int32):
+        # mY: [rows, hidden] this rank's expert outputs; mPos, mWts: [tokens, top_k];
+        # mO: [tokens, hidden]. Block b owns tokens b, b + grid, ...
+        check_rank(rank)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        blocks, _, _ = cute.arch.grid_dim()
+        tokens = mO.shape[0]
+        n_rows = mY.shape[0]
+        cap_vec = mBuf.shape[0] // vec
+        epoch = mState[0] + 1
+        base = (epoch & 1) * (cap_vec // 2)
+        gY = vectors(mY.iterator, n_rows * row_vec)
+        gO = vectors(mO.iterator, tokens * row_vec)
+        gB = vectors(mBuf.iterator, cap_vec)
+        # This rank's partial combine, moe_combine's rule: every k's loads in flight, then the
+        # fp32 sum in the order k = 0..top_k-1, rounded to the dtype; staged for the peers.
+        tYrY = cute.make_rmem_tensor((vec, per_thread, top_k), dtype)
+        weights = cute.make_rmem_tensor(top_k, Float32)
+        tPrP = cute.make_rmem_tensor((vec, per_thread), dtype)
+        for row in cutlass.range(bidx, tokens, blocks):
+            tYrY.fill(0)
+            weights.fill(0.0)
+            for kk in cutlass.range_constexpr(top_k):
+                p = mPos[row, kk]
+                if p >= 0 and p < n_rows:
+                    weights[kk] = mWts[row, kk]
+                    for i in cutlass.range_constexpr(per_thread):
+                        idx = tidx + i * threads
+                        if const_expr(exact):
+                            cute.autovec_copy(gY[None, p * row_vec + idx], tYrY[None, i, kk])
+                        else:
+                            if idx < row_vec:
+                                cute.autovec_copy(gY[None, p * row_vec + idx], tYrY[None, i, kk])
+            acc = tYrY[None, None, 0].load().to(Float32) * weights[0]
+            for kk in cutlass.range_constexpr(1, top_k):
+                acc = acc + tYrY[None, None, kk].load().to(Float32) * weights[kk]
+            tPrP.store(acc.to(dtype))
+            for i in cutlass.range_constexpr(per_thread):
+                idx = tidx + i * threads
+                if const_expr(exact):
+                    cute.autovec_copy(tPrP[None, i], gB[None, base + row * row_vec + idx])
+                else:
+                    if idx < row_vec:
+                        cute.autovec_copy(tPrP[None, i], gB[None, base + row * row_vec + idx])
+        cross_rank_barrier(mPtrs, rank, 0, epoch)
+        peers = [peer_vectors(mPtrs, p, cap_vec) for p in range(W)]
+        rP = cute.make_rmem_tensor((vec, per_thread, W), dtype)
+        for row in cutlass.range(bidx, tokens, blocks):
+            rP.fill(0)
+            for i in cutlass.range_constexpr(per_thread):
+                idx = tidx + i * threads
+                if const_expr(exact):
+                    for p in cutlass.range_constexpr(W):
+                        cute.autovec_copy(peers[p][None, base + row * row_vec + idx],
+                                          rP[None, i, p])
+                else:
+                    if idx < row_vec:
+                        for p in cutlass.range_constexpr(W):
+                            cute.autovec_copy(peers[p][None, base + row * row_vec + idx],
+                                              rP[None, i, p])
+            acc = rP[None, None, 0].load().to(Float32)
+            for p in cutlass.range_constexpr(1, W):
+                acc = acc + rP[None, None, p].load().to(Float32)
+            tPrP.store(acc.to(dtype))
+            for i in cutlass.range_constexpr(per_thread):
+                idx = tidx + i * threads
+                if const_expr(exact):
+                    cute.autovec_copy(tPrP[None, i], gO[None, row * row_vec + idx])
+                else:
+                    if idx < row_vec:
+                        cute.autovec_copy(tPrP[None, i], gO[None, row * row_vec + idx])
+        finish(mState, epoch)
+
+    if config.fusion == "moe_combine":
+
+        @cute.jit
+        def launch_combine(mY: cute.Tensor, mPos: cute.Tensor, mWts: cute.Tensor, mO: cute.Tensor,
+                           mBuf: cute.Tensor, mPtrs: cute.Tensor, mState: cute.Tensor,
+                           rank: Int32, grid_x: Int32, grid_y: Int32, grid_z: Int32,
+                           stream: cuda.CUstream):
+            combine_kernel(mY, mPos, mWts, mO, mBuf, mPtrs, mState, rank).launch(
+                grid=[grid_x, grid_y, grid_z], block=block, stream=stream, cooperative=True
+            )
+
+        return launch_combine
+
+    if config.fusion == "residual_rms_norm":
 
         @cute.jit
         def launch_fused(mX: cute.Tensor, mRes: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,

@@ -26,9 +26,15 @@ collective, and have the same SM count (the grid depends on it).
 Variants (plain): ``one_shot`` (stage, barrier, every rank reads every peer's staged input and
 sums) and ``two_shot`` (stage, barrier, each rank reduces 1/world_size of every block's tile
 and writes it back to its staging half, barrier, each rank copies the other ranks' reduced
-parts). With ``epilogue = "residual_rms_norm"`` the one-shot sum of a [tokens, hidden] input is
-followed in the same launch by r = sum + residual (rounded, written back to ``residual``) and
-out = rmsnorm(r) * (weight + weight_offset): the layer end of a tensor-parallel decoder.
+parts). Fusions (one-shot, one launch, for decode sizes):
+- ``fusion = "residual_rms_norm"``: the sum of a [tokens, hidden] input, rounded, then
+  r = sum + residual (rounded, written back to ``residual``) and
+  out = rmsnorm(r) * (weight + weight_offset): the layer end of a tensor-parallel decoder;
+- ``fusion = "moe_combine"``: each rank first combines its own experts' outputs,
+  partial[t] = sum over k of weights[t, k] * y[positions[t, k]] (moe_combine's rule: fp32 in
+  the order k = 0..top_k-1, positions outside [0, rows) skipped, rounded to the dtype), and the
+  partials are all-reduced: tensor-parallel MoE decode (the article's deployment 2). Prefill
+  runs moe_combine and the plain all-reduce as two launches.
 
 No NVLink multicast (multimem / NVLS) anywhere: see docs/multicast-and-infiniband.md.
 """
@@ -65,19 +71,29 @@ ACCESS_BYTES = 16  # one 128-bit vector per thread and step (NVLink reads gain n
 MAX_HIDDEN = 16384
 # Registers the fused kernel keeps per thread: vectors of the row per thread, for each rank.
 FUSED_VECS_PER_THREAD = 2
-EPILOGUES = ("none", "residual_rms_norm")
+FUSIONS = ("none", "residual_rms_norm", "moe_combine")
+# Config fields each fusion uses besides world_size and dtype; the others keep their defaults
+# (make_config drops them), so one point has one key.
+FUSION_FIELDS = {
+    "none": (),
+    "residual_rms_norm": ("hidden", "eps", "weight_offset"),
+    "moe_combine": ("hidden", "top_k"),
+}
+MAX_TOP_K = 32
 
 
 @dataclass(frozen=True)
 class AllReduceConfig:
     world_size: int
     dtype: str = choice(*_FLOATS, default="bfloat16", doc="element dtype (inputs, output)")
-    epilogue: str = choice(
-        *EPILOGUES, default="none", doc="fused after the sum: none, or residual add + RMSNorm"
+    fusion: str = choice(
+        *FUSIONS, default="none",
+        doc="fused with the sum: none, residual add + RMSNorm after it, or MoE combine before it",
     )
-    hidden: int = 0  # residual_rms_norm: row width; 0 for the plain all-reduce
+    hidden: int = 0  # row width of the fusions; 0 for the plain all-reduce
     eps: float = 1e-6  # residual_rms_norm only
     weight_offset: float = 0.0  # residual_rms_norm only; 1.0 for (1 + w) weights
+    top_k: int = 0  # moe_combine only: experts per token
 
 
 class AllReduce(KernelFamily):
@@ -91,10 +107,12 @@ class AllReduce(KernelFamily):
     shape_fields = ("world_size", "hidden")
 
     def make_config(self, **values):
-        # The norm fields mean nothing without the norm epilogue: one canonical key.
-        if values.get("epilogue", "none") == "none":
-            for f in ("hidden", "eps", "weight_offset"):
-                values.pop(f, None)
+        # Fields a fusion does not use mean nothing for it: one canonical key.
+        used = FUSION_FIELDS.get(values.get("fusion", "none"), ())
+        for fields in FUSION_FIELDS.values():
+            for f in fields:
+                if f not in used:
+                    values.pop(f, None)
         return super().make_config(**values)
 
     def validate(self, c: AllReduceConfig) -> None:
@@ -102,7 +120,7 @@ class AllReduce(KernelFamily):
             raise ConfigError(
                 self.name, "world_size", f"must be 2..{MAX_RANKS} (got {c.world_size})"
             )
-        if c.epilogue == "residual_rms_norm":
+        if c.fusion != "none":
             vec = vector_width(c.dtype, ACCESS_BYTES)
             if not 0 < c.hidden <= MAX_HIDDEN or c.hidden % vec:
                 raise ConfigError(
@@ -110,10 +128,19 @@ class AllReduce(KernelFamily):
                     "hidden",
                     f"{c.hidden} is not supported; use a multiple of {vec} up to {MAX_HIDDEN}",
                 )
-            if c.eps <= 0:
-                raise ConfigError(self.name, "eps", f"must be > 0 (got {c.eps})")
         elif c.hidden:
-            raise ConfigError(self.name, "hidden", "only with epilogue = 'residual_rms_norm'")
+            raise ConfigError(self.name, "hidden", "only with a fusion")
+        if c.fusion == "residual_rms_norm" and c.eps <= 0:
+            raise ConfigError(self.name, "eps", f"must be > 0 (got {c.eps})")
+        if c.fusion == "moe_combine":
+            if not 1 <= c.top_k <= MAX_TOP_K:
+                raise ConfigError(self.name, "top_k", f"must be 1..{MAX_TOP_K} (got {c.top_k})")
+            if c.dtype == "float32":
+                raise ConfigError(
+                    self.name, "dtype", "moe_combine is bfloat16 or float16 (as the moe_combine family)"
+                )
+        elif c.top_k:
+            raise ConfigError(self.name, "top_k", "only with fusion = 'moe_combine'")
 
     def vec(self, c: AllReduceConfig) -> int:
         return vector_width(c.dtype, ACCESS_BYTES)
@@ -121,7 +148,7 @@ class AllReduce(KernelFamily):
     # --- arguments ------------------------------------------------------------------------------
     def args(self, c: AllReduceConfig, arch: Arch) -> tuple:
         vec = self.vec(c)
-        n = Dim("n", divisibility=1 if c.epilogue != "none" else vec)
+        n = Dim("n", divisibility=1 if c.fusion != "none" else vec)
         # Two halves of whole vectors each.
         capacity = Dim("capacity", divisibility=2 * vec)
         W = c.world_size
@@ -131,13 +158,22 @@ class AllReduce(KernelFamily):
             TensorArg("state", "int32", (4,), (1,), 16, "inout"),
             ScalarArg("rank", "int32"),
         )
-        if c.epilogue == "none":
+        if c.fusion == "none":
             return (
                 TensorArg("x", c.dtype, (n,), (1,), ACCESS_BYTES, "input"),
                 TensorArg("out", c.dtype, (n,), (1,), ACCESS_BYTES, "output"),
                 *shared,
             )
         h = c.hidden
+        if c.fusion == "moe_combine":
+            k = c.top_k
+            return (
+                TensorArg("y", c.dtype, (Dim("rows"), h), (h, 1), ACCESS_BYTES, "input"),
+                TensorArg("positions", "int32", (n, k), (k, 1), 4, "input"),
+                TensorArg("weights", "float32", (n, k), (k, 1), 4, "input"),
+                TensorArg("out", c.dtype, (n, h), (h, 1), ACCESS_BYTES, "output"),
+                *shared,
+            )
         return (
             TensorArg("x", c.dtype, (n, h), (h, 1), ACCESS_BYTES, "input"),
             TensorArg("residual", c.dtype, (n, h), (h, 1), ACCESS_BYTES, "inout"),
@@ -160,7 +196,7 @@ class AllReduce(KernelFamily):
         }
         # Cooperative: every block of a grid is resident, so no block spins on a peer block
         # that waits for an SM held by a spinning block of its own grid.
-        if c.epilogue == "none":
+        if c.fusion == "none":
             threads = tuning.THREADS
             switch = tuning.two_shot_min_bytes(c.world_size)
             return (
@@ -172,7 +208,9 @@ class AllReduce(KernelFamily):
                          "two_shot_min_bytes": switch}, cooperative=True),
             )
         warps, per_thread = row_split(c.hidden // vec, FUSED_VECS_PER_THREAD)
-        smem = 4 * warps if warps > 1 else 0  # one fp32 partial sum of squares per warp
+        smem = 0
+        if c.fusion == "residual_rms_norm" and warps > 1:
+            smem = 4 * warps  # one fp32 partial sum of squares per warp
         return (
             Variant("one_shot", (32 * warps, 1, 1), smem, params,
                     {**common, "max_blocks": tuning.FUSED_MAX_BLOCKS, "warps_per_row": warps,
@@ -181,7 +219,7 @@ class AllReduce(KernelFamily):
 
     # --- plan -----------------------------------------------------------------------------------
     def sample_sizes(self, c: AllReduceConfig) -> list[dict[str, int]]:
-        if c.epilogue == "none":
+        if c.fusion == "none":
             vec = self.vec(c)
             out = []
             for n in (vec, 1024, 1 << 20, 32 << 20):
@@ -200,21 +238,21 @@ class AllReduce(KernelFamily):
                 f"{self.name}: buffer has {capacity} elements; it must be two halves of whole "
                 f"{ACCESS_BYTES}-byte vectors (a multiple of {2 * vec} elements)"
             )
-        if c.epilogue == "none" and n % vec:
+        if c.fusion == "none" and n % vec:
             raise ArgumentError(
                 f"{self.name}: x has {n} elements; the all-reduce moves {ACCESS_BYTES}-byte "
                 f"vectors, so use a multiple of {vec} elements (pad the message)"
             )
-        elements = n if c.epilogue == "none" else n * c.hidden
+        elements = n if c.fusion == "none" else n * c.hidden
         if elements > capacity // 2:
             raise ArgumentError(
                 f"{self.name}: {elements} elements do not fit one half of the symmetric buffer "
                 f"({capacity} elements = two halves of {capacity // 2}); allocate the "
                 f"SymmetricWorkspace with max_bytes >= {elements * DTYPES[c.dtype].bytes}"
             )
-        if c.epilogue != "none":
+        if c.fusion != "none":
             if force == "two_shot":
-                raise ConfigError(self.name, "variant", "the fused epilogue has only one_shot")
+                raise ConfigError(self.name, "variant", "a fused point has only one_shot")
             v = variants["one_shot"]
             blocks = min(n, v.constants["max_blocks"], sm_count, MAX_BLOCKS)
             return (Launch("one_shot", (blocks, 1, 1)),)
@@ -231,5 +269,5 @@ class AllReduce(KernelFamily):
 
     def bytes_needed(self, c: AllReduceConfig, n: int) -> int:
         """Bytes of one half of the data region a call with `n` (elements or tokens) needs."""
-        elements = n if c.epilogue == "none" else n * c.hidden
+        elements = n if c.fusion == "none" else n * c.hidden
         return elements * DTYPES[c.dtype].bytes

@@ -21,11 +21,25 @@ def reference(c, inputs, *tensors) -> None:
     Plain: ``reference(c, inputs, out)``: out = sum (float64, rounded once).
     residual_rms_norm: ``reference(c, inputs, residual, weight, out)``: the sum rounded to the
     dtype, r = sum + residual rounded (written to residual), out = rmsnorm(r) * (w + offset).
+    moe_combine: ``reference(c, inputs, out)`` with inputs[r] = (y, positions, weights) of rank
+    r: each rank's combine (moe_combine's reference: float64, rounded to the dtype, as the
+    kernel stages it), summed over the ranks in float64 and rounded once.
     """
     import torch
 
+    if c.fusion == "moe_combine":
+        from ..moe_combine.reference import reference as combine
+
+        (out,) = tensors
+        partials = []
+        for y, positions, weights in inputs:
+            partial = torch.empty(out.shape, dtype=out.dtype)
+            combine(c, y, positions, weights, partial)  # reads c.top_k only
+            partials.append(partial.double())
+        out.copy_(torch.stack(partials).sum(dim=0).to(out.dtype))
+        return
     total = torch.stack([x.double() for x in inputs]).sum(dim=0)
-    if c.epilogue == "none":
+    if c.fusion == "none":
         (out,) = tensors
         out.copy_(total.to(out.dtype))
         return
