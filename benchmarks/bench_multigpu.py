@@ -46,6 +46,8 @@ SIZES = [8 * KB, 16 * KB, 32 * KB, 64 * KB, 128 * KB, 256 * KB, 512 * KB, 1 * MB
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
 HIDDEN = 7168
 TOP_K = 8
+SWEEP_SIZES = [8 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
+SWEEP_CAPS = [8, 16, 32, 64, 132]
 CALLS_PER_GRAPH = 10
 WARMUP_REPLAYS = 5
 TIMED_REPLAYS = 40
@@ -80,6 +82,61 @@ def time_graph(fn) -> float:
     return float(median.item())
 
 
+class BlockCap:
+    """The all_reduce family with the plan's block cap replaced (benchmark only): the kernels
+    work for any grid up to MAX_BLOCKS (grid-stride loops, flags per block), so the best cap
+    per size can be measured without recompiling. Installed on a handle, it replaces the
+    family the handle plans with; `handle._resolved` is cleared so the next call re-plans."""
+
+    def __init__(self, family, blocks: int):
+        self.family = family
+        self.blocks = blocks
+
+    def __getattr__(self, name):
+        return getattr(self.family, name)
+
+    def plan(self, c, variants, sizes, sm_count, force=None):
+        from rose_aot.kernels.all_reduce.family import MAX_BLOCKS
+        from rose_aot.kernels.spec import Launch
+
+        launches = self.family.plan(c, variants, sizes, sm_count, force)
+        out = []
+        for launch in launches:
+            v = variants[launch.variant]
+            per_block = v.threads * (v.constants["world_size"] if launch.variant == "two_shot" else 1)
+            need = -(-(sizes["n"] // v.constants["vec"]) // per_block)
+            blocks = max(1, min(need, self.blocks, sm_count, MAX_BLOCKS))
+            out.append(Launch(launch.variant, (blocks, 1, 1)))
+        return tuple(out)
+
+
+def sweep_blocks(ar, ws, sizes, caps, rank):
+    """µs per call of both variants at every block cap: data for tuning.py."""
+    import torch
+
+    handle = ar.handle
+    family = handle.family
+    results = []
+    try:
+        for nbytes in sizes:
+            x = torch.randn(nbytes // 2, device="cuda").to(torch.bfloat16)
+            out = torch.empty_like(x)
+            for variant in ("one_shot", "two_shot"):
+                for cap in caps:
+                    handle.family = BlockCap(family, cap)
+                    handle._resolved.clear()
+                    grid = handle.plan(x, out, *ws.args(x.dtype), variant=variant)[0].grid[0]
+                    us = time_graph(lambda: ar(x, out, variant=variant))
+                    results.append({"bytes": nbytes, "variant": variant, "cap": cap,
+                                    "grid": grid, "us": us})
+                    if rank == 0:
+                        log(rank, f"sweep {nbytes} B {variant} cap {cap} grid {grid}: {us:.2f} µs")
+    finally:
+        handle.family = family
+        handle._resolved.clear()
+    return results
+
+
 def bus_gbs(nbytes: int, us: float, world: int) -> float:
     """NCCL-tests bus bandwidth of an all-reduce: algbw x 2(W-1)/W."""
     return nbytes / (us * 1e-6) * 2 * (world - 1) / world / 1e9
@@ -89,6 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("--quick", action="store_true", help="a few sizes only (smoke run)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the block-count sweep")
     args = parser.parse_args()
     rank, world, local = setup()
 
@@ -148,6 +206,11 @@ def main() -> None:
         if rank == 0:
             log(rank, " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                                for k, v in row.items()))
+
+    sweep = []
+    if not args.no_sweep:
+        sweep = sweep_blocks(ar, ws, [s for s in sizes if s in SWEEP_SIZES] or sizes[:1],
+                             SWEEP_CAPS, rank)
 
     # The switch point the plan should use: the smallest size from which two-shot is never
     # slower than one-shot.
@@ -220,12 +283,12 @@ def main() -> None:
                                for k, v in row.items()))
 
     if rank == 0:
-        write(info, rows, fused_rows, suggested, world, combine_rows)
+        write(info, rows, fused_rows, suggested, world, combine_rows, sweep)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def write(info, rows, fused_rows, suggested, world, combine_rows=()) -> None:
+def write(info, rows, fused_rows, suggested, world, combine_rows=(), sweep=()) -> None:
     out = os.environ.get("OUT") or os.path.join(HERE, "results")
     os.makedirs(out, exist_ok=True)
     goals = []
@@ -253,6 +316,7 @@ def write(info, rows, fused_rows, suggested, world, combine_rows=()) -> None:
                   not slower, f"not faster at {slower}" if slower else ""))
     data = {"info": info, "all_reduce_bf16": rows, "fused_7168_bf16": fused_rows,
             "moe_combine_all_reduce_7168_top8_bf16": list(combine_rows),
+            "block_cap_sweep_bf16": list(sweep),
             "suggested_two_shot_min_bytes": suggested,
             "goals": [{"goal": g, "met": bool(m), "detail": d} for g, m, d in goals]}
     with open(os.path.join(out, "multigpu.json"), "w") as f:
@@ -286,6 +350,20 @@ def write(info, rows, fused_rows, suggested, world, combine_rows=()) -> None:
         for r in combine_rows:
             lines.append(f"| {r['tokens']} | {r['fused']:.2f} | "
                          f"{r['moe_combine_then_rose_ar']:.2f} | {r['moe_combine_then_nccl']:.2f} |")
+    if sweep:
+        lines += ["", "## Block-count sweep (bf16; µs per call; grid = min(work, cap, SMs))", "",
+                  "| bytes | variant | " + " | ".join(f"cap {c}" for c in SWEEP_CAPS) + " | best |",
+                  "|---|---|" + "---|" * (len(SWEEP_CAPS) + 1)]
+        for nbytes in sorted({r["bytes"] for r in sweep}):
+            for variant in ("one_shot", "two_shot"):
+                cells = {r["cap"]: r for r in sweep if r["bytes"] == nbytes and r["variant"] == variant}
+                if not cells:
+                    continue
+                best = min(cells.values(), key=lambda r: r["us"])
+                lines.append(f"| {_size(nbytes)} | {variant} | "
+                             + " | ".join(f"{cells[c]['us']:.2f} (grid {cells[c]['grid']})"
+                                          if c in cells else "-" for c in SWEEP_CAPS)
+                             + f" | cap {best['cap']} |")
     lines += ["", "## Goals (issue 12)", ""]
     lines += [f"- {'MET' if m else 'MISSED'}: {g}{' (' + d + ')' if d else ''}" for g, m, d in goals]
     with open(os.path.join(out, "multigpu.md"), "w") as f:
