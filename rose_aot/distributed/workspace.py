@@ -5,8 +5,8 @@ Layout of every rank's allocation (torch symmetric memory, identical on every ra
     [ flag region: FLAG_BYTES, int32 flags [phase][source rank][block] | data region: two halves ]
 
 The kernels get this rank's data region as a tensor (``buffer``), every rank's data and flag
-addresses in one int64 [2, world_size] device tensor (``ptrs``), a local int32 [4] call
-counter (``state``) and the rank. Everything is allocated and exchanged once, at construction
+addresses in one int64 [2, world_size] device tensor (``ptrs``), local int32 call counters
+(``state``, one per block) and the rank. Everything is allocated and exchanged once, at construction
 (host syncs and collectives happen there, never in a call), so calls can be captured in CUDA
 graphs and replayed: the flags carry the call epoch and never need a reset.
 """
@@ -18,7 +18,7 @@ import threading
 import warnings
 
 from ..errors import RoseAotError
-from ..kernels.all_reduce.family import ACCESS_BYTES, FLAG_BYTES, MAX_RANKS
+from ..kernels.all_reduce.family import ACCESS_BYTES, FLAG_BYTES, MAX_BLOCKS, MAX_RANKS
 
 __all__ = [
     "NO_MULTICAST_ENV",
@@ -146,7 +146,7 @@ class SymmetricWorkspace:
             self.peer_data = tuple(data)
             self.peer_flags = tuple(flags)
             self.ptrs = torch.tensor([data, flags], dtype=torch.int64, device=f"cuda:{self.device}")
-            self.state = torch.zeros(4, dtype=torch.int32, device=f"cuda:{self.device}")
+            self.state = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=f"cuda:{self.device}")
             self._data = self.tensor[FLAG_BYTES:]
             self._views: dict = {}
             torch.cuda.synchronize(self.device)

@@ -71,16 +71,18 @@ def host_function(config: AllReduceConfig, variant: Variant, arch: Arch):
 
     @cute.jit
     def finish(mState: cute.Tensor, epoch: Int32):
-        """The last block of the grid to get here records this call's epoch for the next one
-        and clears the arrival count; every block read the old epoch before arriving."""
-        cute.arch.sync_threads()
+        """Record this call's epoch for the next one: every block in its own counter (it read
+        it at its start, before the cross-rank barrier), block 0 also in the counters of the
+        blocks this call did not launch, so every counter holds the call count whatever the
+        grids of the calls. Plain stores; the next launch on the stream sees them."""
         tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
         blocks, _, _ = cute.arch.grid_dim()
         if tidx == 0:
-            old = cute.arch.atomic_add(mState.iterator + 1, Int32(1), sem="acq_rel", scope="gpu")
-            if old == blocks - 1:
-                mState[1] = Int32(0)
-                mState[0] = epoch
+            mState[bidx] = epoch
+        if bidx == 0:
+            for i in cutlass.range(blocks + tidx, flag_blocks, threads):
+                mState[i] = epoch
 
     @cute.jit
     def sum_ranks(rP: cute.Tensor):
@@ -94,14 +96,14 @@ def host_function(config: AllReduceConfig, variant: Variant, arch: Arch):
     @cute.kernel
     def one_shot_kernel(mX: cute.Tensor, mO: cute.Tensor, mBuf: cute.Tensor, mPtrs: cute.Tensor,
                         mState: cute.Tensor, rank: Int32):
-        # mX, mO: [n]; mBuf: [capacity]; mPtrs: int64 [2, W]; mState: int32 [4]
+        # mX, mO: [n]; mBuf: [capacity]; mPtrs: int64 [2, W]; mState: int32 [MAX_BLOCKS]
         check_rank(rank)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         blocks, _, _ = cute.arch.grid_dim()
         n_vec = mX.shape[0] // vec
         cap_vec = mBuf.shape[0] // vec
-        epoch = mState[0] + 1
+        epoch = mState[bidx] + 1
         base = (epoch & 1) * (cap_vec // 2)  # this call's half of every rank's data region
         gX = vectors(mX.iterator, n_vec)
         gO = vectors(mO.iterator, n_vec)
@@ -136,7 +138,7 @@ def host_function(config: AllReduceConfig, variant: Variant, arch: Arch):
         n_vec = mX.shape[0] // vec
         n_tiles = (n_vec + tile - 1) // tile
         cap_vec = mBuf.shape[0] // vec
-        epoch = mState[0] + 1
+        epoch = mState[bidx] + 1
         base = (epoch & 1) * (cap_vec // 2)
         gX = vectors(mX.iterator, n_vec)
         gO = vectors(mO.iterator, n_vec)
@@ -191,7 +193,7 @@ def host_function(config: AllReduceConfig, variant: Variant, arch: Arch):
         blocks, _, _ = cute.arch.grid_dim()
         tokens = mX.shape[0]
         cap_vec = mBuf.shape[0] // vec
-        epoch = mState[0] + 1
+        epoch = mState[bidx] + 1
         base = (epoch & 1) * (cap_vec // 2)
         total = tokens * row_vec
         gX = vectors(mX.iterator, total)
@@ -296,7 +298,7 @@ def host_function(config: AllReduceConfig, variant: Variant, arch: Arch):
         tokens = mO.shape[0]
         n_rows = mY.shape[0]
         cap_vec = mBuf.shape[0] // vec
-        epoch = mState[0] + 1
+        epoch = mState[bidx] + 1
         base = (epoch & 1) * (cap_vec // 2)
         gY = vectors(mY.iterator, n_rows * row_vec)
         gO = vectors(mO.iterator, tokens * row_vec)

@@ -11,15 +11,17 @@ one allocation per rank of [flag region FLAG_BYTES | data region], exchanged onc
   successive calls (double buffering: a peer may still read the previous call's half);
 - ``ptrs``: int64 [2, world_size]: row 0 every rank's data region, row 1 every rank's flag
   region (device addresses valid in this process, from the symmetric-memory handle);
-- ``state``: int32 [4], this rank's call counter (``state[0]``, the epoch of the last call) and
-  an arrival count (``state[1]``, zero between calls): allocated zeroed once, never reset;
+- ``state``: int32 [MAX_BLOCKS], this rank's call counter (the epoch of the last call) once
+  per block, so that no block waits for another to advance it: allocated zeroed once, never
+  reset;
 - ``rank``: this process's rank, a runtime scalar (one bundle point serves every rank).
 
 Barriers between ranks are per block: block b of every rank handles the same elements; it
 publishes "my part of call e is staged" with a system-scope release store of e into every
 peer's flag slot [phase][my rank][b] and waits with system-scope acquire loads until its own
-slots from every peer reach e. The epoch grows by one per call (the last block to finish
-increments ``state[0]``), so flags never need a reset and CUDA-graph replays stay in step.
+slots from every peer reach e. The epoch grows by one per call (each block stores it in its
+own counter at its end, block 0 also in the counters of blocks the call did not launch), so
+flags never need a reset and CUDA-graph replays stay in step.
 All ranks must issue the same sequence of calls (sizes included) on one stream each, like any
 collective, and have the same SM count (the grid depends on it).
 
@@ -155,7 +157,7 @@ class AllReduce(KernelFamily):
         shared = (
             TensorArg("buffer", c.dtype, (capacity,), (1,), ACCESS_BYTES, "inout"),
             TensorArg("ptrs", "int64", (2, W), (W, 1), 8, "input"),
-            TensorArg("state", "int32", (4,), (1,), 16, "inout"),
+            TensorArg("state", "int32", (MAX_BLOCKS,), (1,), 16, "inout"),
             ScalarArg("rank", "int32"),
         )
         if c.fusion == "none":
