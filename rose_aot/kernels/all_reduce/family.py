@@ -253,8 +253,8 @@ class AllReduce(KernelFamily):
                 f"SymmetricWorkspace with max_bytes >= {elements * DTYPES[c.dtype].bytes}"
             )
         if c.fusion != "none":
-            if force == "two_shot":
-                raise ConfigError(self.name, "variant", "a fused point has only one_shot")
+            # A fused point has one variant; any forced name launches it (the loader plans
+            # every name of plan_choices for every point when it opens a bundle).
             v = variants["one_shot"]
             blocks = min(n, v.constants["max_blocks"], sm_count, MAX_BLOCKS)
             return (Launch("one_shot", (blocks, 1, 1)),)
@@ -268,6 +268,11 @@ class AllReduce(KernelFamily):
         per_block = v.threads * (v.constants["world_size"] if name == "two_shot" else 1)
         blocks = min(-(-vectors // per_block), v.constants["max_blocks"], sm_count, MAX_BLOCKS)
         return (Launch(name, (max(1, blocks), 1, 1)),)
+
+    def op_suffix(self, c: AllReduceConfig) -> str:
+        """Distinguishes the torch operator of each argument list (rose_aot.torch_ops names one
+        operator per family and argument list): "", "_residual_rms_norm", "_moe_combine"."""
+        return "" if c.fusion == "none" else "_" + c.fusion
 
     def bytes_needed(self, c: AllReduceConfig, n: int) -> int:
         """Bytes of one half of the data region a call with `n` (elements or tokens) needs."""
