@@ -107,6 +107,9 @@ class AllReduce(KernelFamily):
     size_names = ("n", "capacity")
     plan_choices = ("one_shot", "two_shot")
     shape_fields = ("world_size", "hidden")
+    # A collective: a launch needs every rank of a group launching too (tests/multigpu);
+    # single-process GPU scripts that launch every family must skip it.
+    collective = True
 
     def make_config(self, **values):
         # Fields a fusion does not use mean nothing for it: one canonical key.
