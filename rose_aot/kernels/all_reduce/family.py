@@ -237,7 +237,7 @@ class AllReduce(KernelFamily):
         n, capacity = sizes["n"], sizes["capacity"]
         if n == 0:
             return ()
-        vec = self.vec(c)
+        vec = variants["one_shot"].constants["vec"]
         if capacity % (2 * vec):
             raise ArgumentError(
                 f"{self.name}: buffer has {capacity} elements; it must be two halves of whole "
