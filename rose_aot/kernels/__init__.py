@@ -5,6 +5,7 @@ device code lives in each family's ``device`` module, which only the builder and
 from __future__ import annotations
 
 from ..errors import ConfigError
+from .all_reduce import AllReduce
 from .base import KernelFamily, config_digest, config_json, kernel_source_digest, point_key
 from .act_and_mul import ActAndMul
 from .act_and_mul_fp8_quant import ActAndMulFp8Quant
@@ -39,6 +40,7 @@ FAMILIES: dict[str, KernelFamily] = {
         ActAndMulFp8Quant(),
         BlockScaledQuant(),
         Nvfp4Quant(),
+        AllReduce(),
     )
 }
 

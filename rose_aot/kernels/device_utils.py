@@ -160,3 +160,67 @@ def block_exclusive_sum(value: Int32, sWarp: cute.Tensor, threads: cutlass.Const
         total = total + sWarp[w]
     cute.arch.sync_threads()
     return before + inclusive - value, total
+
+
+# --- system- and GPU-scope release/acquire on raw global addresses (multi-GPU flags) -----------
+# Peer memory (NVLink, torch symmetric memory) is reached through int64 addresses from a pointer
+# table, so these take the address as an Int64 rather than a cute.Pointer. System scope orders
+# the accesses for every observer, peer GPUs included; GPU scope only for this device's threads.
+
+
+def _flag_store(address, value: Int32, scope: str) -> None:
+    llvm.inline_asm(
+        None,
+        [cutlass.Int64(address).ir_value(), Int32(value).ir_value()],
+        f"st.release.{scope}.global.b32 [$0], $1;",
+        "l,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+def _flag_load(address, scope: str) -> Int32:
+    return Int32(
+        llvm.inline_asm(
+            Int32.mlir_type,
+            [cutlass.Int64(address).ir_value()],
+            f"ld.acquire.{scope}.global.b32 $0, [$1];",
+            "=r,l,~{memory}",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def store_release_sys(address, value: Int32) -> None:
+    """st.release.sys of an int32 at a global address (Int64): every write this thread (and,
+    after a block barrier, its block) made before is visible to whoever acquires the value,
+    on any GPU."""
+    _flag_store(address, value, "sys")
+
+
+def load_acquire_sys(address) -> Int32:
+    """ld.acquire.sys of an int32 at a global address (Int64): reads after it see everything
+    the releasing writer (on any GPU) published before its release store."""
+    return _flag_load(address, "sys")
+
+
+def store_release_gpu(address, value: Int32) -> None:
+    """st.release.gpu of an int32 at a global address (Int64): ordering for this GPU only."""
+    _flag_store(address, value, "gpu")
+
+
+def load_acquire_gpu_at(address) -> Int32:
+    """ld.acquire.gpu of an int32 at a global address (Int64)."""
+    return _flag_load(address, "gpu")
+
+
+def trap() -> None:
+    """Abort the kernel (the launch fails with an illegal-instruction error): for argument
+    values the host could not check, where continuing would touch memory out of bounds."""
+    llvm.inline_asm(
+        None, [], "trap;", "~{memory}", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
