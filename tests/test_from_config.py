@@ -73,6 +73,7 @@ EXPECTED = {
             rms(hidden=4096, eps=1e-6, fused_residual=False),
             rms(hidden=4096, eps=1e-6, fused_residual=True),
             qk(num_q_heads=32, num_k_heads=8, head_dim=128, eps=1e-6),
+            "act_and_mul(d=12288,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
         ],
         None,
     ),
@@ -83,6 +84,7 @@ EXPECTED = {
             rms(hidden=4096, eps=1e-6, fused_residual=True),
             qk(num_q_heads=64, num_k_heads=4, head_dim=128, eps=1e-6),
             *moe_points(128, 8, 4096),
+            "act_and_mul(d=1536,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
         ],
         (128, 8),
     ),
@@ -93,6 +95,7 @@ EXPECTED = {
             rms(hidden=2048, eps=1e-6, fused_residual=True),
             qk(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6),
             *moe_points(128, 8, 2048),
+            "act_and_mul(d=768,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
         ],
         (128, 8),
     ),
@@ -101,6 +104,7 @@ EXPECTED = {
         [
             rms(hidden=4096, eps=1e-5, fused_residual=False),
             rms(hidden=4096, eps=1e-5, fused_residual=True),
+            "act_and_mul(d=14336,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
         ],
         None,
     ),
@@ -109,6 +113,7 @@ EXPECTED = {
         [
             rms(hidden=4096, eps=1e-5, fused_residual=False),
             rms(hidden=4096, eps=1e-5, fused_residual=True),
+            "act_and_mul(d=14336,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
         ],
         None,
     ),
@@ -118,6 +123,7 @@ EXPECTED = {
             rms(hidden=4096, eps=1e-5, fused_residual=False),
             rms(hidden=4096, eps=1e-5, fused_residual=True),
             *moe_points(8, 2, 4096),
+            "act_and_mul(d=14336,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
         ],
         (8, 2),
     ),
@@ -127,6 +133,7 @@ EXPECTED = {
             rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=False),
             rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=True),
             qk(num_q_heads=16, num_k_heads=8, head_dim=256, eps=1e-6, weight_offset=1.0),
+            "act_and_mul(d=15360,activation=gelu_tanh,dtype=bfloat16,out_dtype=bfloat16)",
         ],
         None,
     ),
@@ -142,6 +149,14 @@ EXPECTED = {
                 num_experts=256, top_k=8, hidden=7168, dtype="float8_e4m3fn", scale_group=128
             ),
             combine(top_k=8, hidden=7168),
+            "act_and_mul(d=18432,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
+            "act_and_mul(d=2048,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
+            "fp8_group_quant(hidden=7168,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=false,eps=1e-10)",
+            "fp8_group_quant(hidden=7168,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=true,eps=1e-10)",
+            "act_and_mul_fp8_quant(d=18432,activation=silu,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=false,eps=1e-10)",
+            "act_and_mul_fp8_quant(d=18432,activation=silu,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=true,eps=1e-10)",
+            "act_and_mul_fp8_quant(d=2048,activation=silu,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=false,eps=1e-10)",
+            "act_and_mul_fp8_quant(d=2048,activation=silu,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=true,eps=1e-10)",
         ],
         (256, 8),
     ),
@@ -151,6 +166,7 @@ EXPECTED = {
             rms(hidden=2880, eps=1e-5, fused_residual=False),
             rms(hidden=2880, eps=1e-5, fused_residual=True),
             *moe_points(32, 4, 2880),
+            "block_scaled_quant(hidden=2880,format=mxfp8,dtype=bfloat16,scale_layout=swizzled_128x4)",
         ],
         (32, 4),
     ),
@@ -160,6 +176,7 @@ EXPECTED = {
             rms(hidden=2880, eps=1e-5, fused_residual=False),
             rms(hidden=2880, eps=1e-5, fused_residual=True),
             *moe_points(128, 4, 2880),
+            "block_scaled_quant(hidden=2880,format=mxfp8,dtype=bfloat16,scale_layout=swizzled_128x4)",
         ],
         (128, 4),
     ),
@@ -232,12 +249,15 @@ def test_stdout_is_the_manifest_text(tmp_path):
 def test_gemma3_reads_text_config_and_transformers_defaults():
     derived = manifest_from_config(CONFIGS / "gemma-3-12b")
     assert derived.config_fields["text_config.hidden_size"] == 3840
-    assert derived.defaulted == ("text_config.rms_norm_eps", "text_config.head_dim")
+    assert derived.defaulted == (
+        "text_config.rms_norm_eps", "text_config.head_dim", "text_config.hidden_activation"
+    )
     assert (
         "transformers' defaults for this class apply: text_config.rms_norm_eps 1e-6, "
         "text_config.head_dim 256" in " ".join(derived.to_toml().replace("#", " ").split())
     )
-    assert all(dict(e.fields).get("weight_offset") == 1.0 for e in derived.entries)
+    norms = [e for e in derived.entries if e.family in ("rms_norm", "qk_norm")]
+    assert norms and all(dict(e.fields).get("weight_offset") == 1.0 for e in norms)
 
 
 def test_gemma3_text_only_model_at_the_top_level():

@@ -71,9 +71,17 @@ BASE["act_and_mul_fp8_quant"] = {"d": 4096, "activation": "silu", **_QUANT}
 BASE["block_scaled_quant"] = dict(hidden=4096, format="mxfp8", dtype="bfloat16",
                                  scale_layout="swizzled_128x4")
 BASE["nvfp4_quant"] = dict(hidden=4096, dtype="bfloat16", scale_layout="swizzled_128x4")
+BASE["all_reduce"] = dict(world_size=2, dtype="bfloat16", fusion="none")
 # More base points, for fields that can only change together with others from the first base
 # (moe_dispatch: scale_group is nonzero exactly for float8 tokens).
-EXTRA_BASES = {"moe_dispatch": [{**_MOE, "dtype": "float8_e4m3fn", "scale_group": 128}]}
+EXTRA_BASES = {
+    "moe_dispatch": [{**_MOE, "dtype": "float8_e4m3fn", "scale_group": 128}],
+    # all_reduce: hidden/eps/weight_offset exist only fused with the norm, top_k with combine
+    "all_reduce": [
+        dict(world_size=2, dtype="bfloat16", fusion="residual_rms_norm", hidden=7168, eps=1e-6),
+        dict(world_size=2, dtype="bfloat16", fusion="moe_combine", hidden=7168, top_k=8),
+    ],
+}
 # Preferred other value per field; fields not listed (new ones) get one derived from their
 # choices, type and current value by _other_value.
 OTHER = {
@@ -107,9 +115,18 @@ def _candidates(family_name, field: dataclasses.Field, current):
         yield from (current * 2, current + 1.0, 1e-5, 0.5)
 
 
+# Fields that cannot change alone (an all_reduce fusion brings its own fields): their "other
+# value" is another base point, differing in this field and the fields it brings.
+COUPLED = {"all_reduce": {"fusion"}}
+
+
 def _other_value(family_name, field_name):
     """(base config, config differing in exactly `field_name`), both through make_config."""
     family = get_family(family_name)
+    if field_name in COUPLED.get(family_name, ()):
+        bases = [family.make_config(**v) for v in [BASE[family_name], *EXTRA_BASES[family_name]]]
+        first = getattr(bases[0], field_name)
+        return bases[0], next(b for b in bases if getattr(b, field_name) != first)
     for values in [BASE[family_name], *EXTRA_BASES.get(family_name, [])]:
         base = family.make_config(**values)
         field = next(f for f in dataclasses.fields(base) if f.name == field_name)

@@ -68,7 +68,7 @@ class VariantRecord:
     cluster: tuple[int, int, int]
     smem: int  # dynamic shared memory bytes the launch passes
     cooperative: bool
-    pdl: bool
+    pdl: int  # largest launch (threads) made with programmatic dependent launch; 0 = never
     params: tuple[ParamRecord, ...]  # kernel order
     constants: dict
     resources: dict  # per entry: registers, static_smem, param_bytes (from the cubin)
@@ -161,7 +161,7 @@ class VariantRecord:
             _dims(data["cluster"]),
             _int(data["smem"]),
             _bool(data["cooperative"]),
-            _bool(data["pdl"]),
+            _int(data["pdl"]),
             tuple(ParamRecord.from_json(p) for p in _list(data["params"])),
             dict(constants),
             dict(resources),

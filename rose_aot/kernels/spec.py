@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass, field
 
 __all__ = [
+    "PDL_MAX_THREADS",
     "DType",
     "DTYPES",
     "get_dtype",
@@ -258,6 +259,17 @@ def param_align(arg: Arg) -> int:
     return max(struct.calcsize(f.fmt) for f in param_fields(arg))
 
 
+# Launches of at most this many threads in all use programmatic dependent launch. Measured on
+# the H200 (benchmarks/results/pdl-h200.md, norms-pdl-h200.md, 2026-11-30), with the next kernel
+# triggered at the top of each kernel: a chain of 20 one-token decode kernels in a CUDA graph
+# took 44.8 instead of 50.0 µs and one-token norms 0.96-1.47 instead of 1.45-1.92 µs; larger
+# launches got slower with it (fused add + norm at 16 tokens: hidden 4096, 4096 threads, 2.13
+# vs 1.71 µs; hidden 7168, 7168 threads, 2.63 vs 1.98 µs; at 128 tokens 2.84 vs 1.78 µs), the
+# early-launched grid competing for the SMs. 2048 threads keeps every measured gain but the
+# 16-token hidden-4096 norm and the one-token dispatch, and none of the measured losses.
+PDL_MAX_THREADS = 2048
+
+
 @dataclass(frozen=True)
 class Variant:
     """One compile unit of a kernel point: the single source of its static launch facts.
@@ -274,7 +286,9 @@ class Variant:
     params: tuple[str, ...] = ()  # arguments passed to the kernel, in kernel order
     constants: dict = field(default_factory=dict, compare=False, hash=False)
     cooperative: bool = False  # needs every block resident (grid barrier)
-    pdl: bool = False  # launched with programmatic dependent launch
+    # Programmatic dependent launch: the largest launch (threads in all) made with it; 0 = never.
+    # The kernel starts with griddepcontrol (device_utils.pdl_prologue) whenever this is set.
+    pdl: int = 0
     cluster: tuple[int, int, int] = (1, 1, 1)
 
     @property

@@ -443,23 +443,25 @@ class KernelHandle:
             kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
             resolved.append(
                 (int(kernel), *launch.grid, *v.block, v.smem, packers[launch.variant],
-                 launch.variant, v.cooperative, self._ex_launcher(v))
+                 launch.variant, v.cooperative, self._ex_launcher(v, launch.grid))
             )
         if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
             self._resolved.clear()
         self._resolved[(device, sizes, variant)] = resolved
         return resolved
 
-    def _ex_launcher(self, v):
-        """cuLaunchKernelEx with the variant's attributes, where plain launches cannot say them
-        (programmatic dependent launch, clusters); None otherwise."""
-        pdl = v.pdl and settings.pdl_enabled()
+    def _ex_launcher(self, v, grid):
+        """cuLaunchKernelEx with the variant's attributes where plain launches cannot say them:
+        programmatic dependent launch (for launches of up to the record's `pdl` threads),
+        clusters. None otherwise."""
+        pdl = 0 < grid[0] * grid[1] * grid[2] * v.threads <= v.pdl and settings.pdl_enabled()
         if not pdl and v.cluster == (1, 1, 1):
             return None
-        launcher = self._ex_launchers.get(v.name)
+        key = (v.name, pdl)
+        launcher = self._ex_launchers.get(key)
         if launcher is None:
             launcher = driver.ExLauncher(pdl=pdl, cooperative=v.cooperative, cluster=v.cluster)
-            self._ex_launchers[v.name] = launcher
+            self._ex_launchers[key] = launcher
         return launcher
 
     def _stream_getter(self):

@@ -34,6 +34,9 @@ from ..archs import DEFAULT_ARCHS, get_arch
 from ..bundle.format import MAGIC as BUNDLE_MAGIC
 from ..errors import ConfigError, ManifestError
 from ..kernels import FAMILIES, get_family
+from ..kernels.act_and_mul.derive import read_mlp
+from ..kernels.block_scaled_quant.derive import read_block_scaled
+from ..kernels.fp8_group_quant.derive import read_fp8_group
 from .model import KernelEntry, ModelFacts, MoeFacts
 from .schema import Manifest, parse_manifest
 
@@ -543,6 +546,10 @@ def derive_manifest(
         extra_norms=model.extra_norms,
         qk_heads=qk_heads,
         moe=moe,
+        archs=archs,
+        fp8_group=read_fp8_group(view),
+        block_scaled=read_block_scaled(view),
+        **read_mlp(view, architecture, tp),
     )
     # Each registered family derives its own points (its folder's derive module).
     entries = [entry for family in FAMILIES.values() for entry in family.derive(facts)]

@@ -227,7 +227,12 @@ def check_combine(bundle, c, tokens, routing, rank, world, device, ws, seed):
     ref = torch.empty(tokens, c.hidden, dtype=dtype)
     get_family("all_reduce").reference(
         c, [(yy.cpu(), pp.cpu(), weights.cpu()) for yy, pp in zip(ys, poss)], ref)
-    problems.append(close_problem("out vs the float64 reference", out.cpu(), ref, c.dtype))
+    # Each rank's partial combine is rounded to the dtype before the all-reduce (as in the
+    # unfused moe_combine + all_reduce): two roundings from the float64 sum, not one. Measured
+    # on 2 x H200: 0.0127 relative at 300 tokens x 7168 (bf16 one-step tolerance 0.0078).
+    problems.append(
+        close_problem("out vs the float64 reference", out.cpu(), ref, c.dtype, steps=2)
+    )
 
     detail = ""
     try:

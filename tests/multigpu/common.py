@@ -121,8 +121,9 @@ def bitwise_problem(what: str, got, want) -> str | None:
             f"{first}: got {g!r}, want {w!r}")
 
 
-def close_problem(what: str, got, want, dtype_name: str) -> str | None:
-    """None if |got - want| <= tol * max(1, |want|) everywhere (and no NaN), else a message."""
+def close_problem(what: str, got, want, dtype_name: str, steps: int = 1) -> str | None:
+    """None if |got - want| <= steps * tol * max(1, |want|) everywhere (and no NaN), else a
+    message. `steps`: the roundings to the dtype between the kernel and the float64 reference."""
     import torch
 
     g, w = got.double(), want.double()
@@ -130,7 +131,7 @@ def close_problem(what: str, got, want, dtype_name: str) -> str | None:
         first = torch.isnan(g).reshape(-1).nonzero()[0].item()
         return f"{what}: NaN in the output (unwritten element?) at flat index {first}"
     err = (g - w).abs() / w.abs().clamp(min=1.0)
-    tol = TOLERANCE[dtype_name]
+    tol = TOLERANCE[dtype_name] * steps
     if (err > tol).any():
         first = (err > tol).reshape(-1).nonzero()[0].item()
         return (f"{what}: max relative error {err.max().item():.3g} > {tol:.3g}; first at flat "

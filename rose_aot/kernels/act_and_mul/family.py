@@ -22,7 +22,7 @@ from ...errors import ConfigError
 from ..base import KernelFamily, choice
 from ..chunked_rows import chunk_split, chunked_plan
 from ..rowwise import access_bytes, vector_width
-from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
 from .tuning import DECODE_MAX_VECS, DECODE_THREADS, DECODE_WARPS_PER_SM, PREFILL_MAX_VECS, PREFILL_THREADS
 
 __all__ = ["ActAndMulConfig", "ActAndMul", "ACTIVATIONS"]
@@ -94,7 +94,7 @@ class ActAndMul(KernelFamily):
                     (split.threads, 1, 1),
                     params=params,
                     constants={**split.constants(), "vec": vec},
-                    pdl=name == "decode",
+                    pdl=PDL_MAX_THREADS if name == "decode" else 0,
                 )
             )
         return tuple(out)

@@ -1,10 +1,10 @@
 """all_reduce launch choices per target arch.
 
-NOT YET MEASURED. The numbers below are first guesses, chosen from the peers measured on the
-two-H200 machine (../shared/notes/perf-anchors.md, "Two H200s": torch symm_mem's two-shot is
-at or below its one-shot from 8 KB on, and clearly below from 1 MB). They must be replaced by
-the crossover `benchmarks/bench_multigpu.py` prints ("suggested two_shot_min_bytes"), which
-times both variants forced at every size, and the measurement committed beside them.
+World size 2 is measured (benchmarks/results/multigpu-2xh200.md, 2 x H200, NVLink, driver
+580.159.04, 2026-11-30: `tests/multigpu/run.sh --bench`, both variants forced at 8 KB-64 MB).
+World sizes 4 and 8 are still first guesses from the peers in ../shared/notes/perf-anchors.md,
+to be replaced by the same benchmark on 4 and 8 GPUs. The block caps are guesses the block-count
+sweep of that run left standing (cap 132 was best or within 3% at every size from 1 MB on).
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ TWO_SHOT_MAX_BLOCKS = 132
 FUSED_MAX_BLOCKS = 128
 
 # Messages of at least this many bytes take the two-shot variant, per world size (fewer
-# ranks: one-shot's extra reads cost less). Guess, not measured.
-TWO_SHOT_MIN_BYTES: dict[int, int] = {2: 256 * 1024, 4: 128 * 1024, 8: 64 * 1024}
+# ranks: one-shot's extra reads cost less). 2 ranks, measured: one-shot is faster up to 4 MB
+# (1 MB: 8.96 vs 11.74 µs; 4 MB: 20.07 vs 20.48), two-shot from 8 MB (34.60 vs 34.84).
+# 4 and 8 ranks: guesses, not measured.
+TWO_SHOT_MIN_BYTES: dict[int, int] = {2: 8 * 1024 * 1024, 4: 128 * 1024, 8: 64 * 1024}
 
 
 def two_shot_min_bytes(world_size: int) -> int:

@@ -45,7 +45,7 @@ from ..act_and_mul.tuning import (
 from ..base import KernelFamily, choice
 from ..chunked_rows import chunk_split, chunked_plan
 from ..rowwise import access_bytes, vector_width
-from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["BlockScaledQuantConfig", "BlockScaledQuant", "FORMATS", "BLOCK"]
 
@@ -125,7 +125,7 @@ class BlockScaledQuant(KernelFamily):
                          "groups_padded": _groups_padded(c),
                          "native_e2m1": arch.capability[0] >= 10}
             out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
-                               pdl=name == "decode"))
+                               pdl=PDL_MAX_THREADS if name == "decode" else 0))
         return tuple(out)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:

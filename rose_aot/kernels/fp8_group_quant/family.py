@@ -49,7 +49,7 @@ from ..act_and_mul.tuning import (
 from ..base import KernelFamily, choice
 from ..chunked_rows import chunk_split, chunked_plan
 from ..rowwise import access_bytes, vector_width
-from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["Fp8GroupQuantConfig", "Fp8GroupQuant", "SCALE_LAYOUTS", "FP8_MAX", "quant_args",
            "quant_variants", "validate_quant"]
@@ -113,7 +113,7 @@ def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...]) -> tuple[
         split = chunk_split(width // vec, threads, vecs)
         constants = {**split.constants(), "vec": vec, "group_lanes": c.group // vec}
         out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
-                           pdl=name == "decode"))
+                           pdl=PDL_MAX_THREADS if name == "decode" else 0))
     return tuple(out)
 
 

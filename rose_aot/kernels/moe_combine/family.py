@@ -19,7 +19,7 @@ from ...archs import Arch
 from ...errors import ConfigError
 from ..base import KernelFamily, choice
 from ..rowwise import access_bytes, row_align, row_plan, row_split, vector_width
-from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["MoeCombineConfig", "MoeCombine"]
 
@@ -73,7 +73,7 @@ class MoeCombine(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows, pdl=False):
+        def variant(name, warps, per_thread, rows, pdl=0):
             constants = {
                 "rows_per_block": rows,
                 "warps_per_row": warps,
@@ -84,7 +84,7 @@ class MoeCombine(KernelFamily):
             return Variant(name, (32 * warps * rows, 1, 1), 0, params, constants, pdl=pdl)
 
         decode = variant(
-            "decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1, pdl=True
+            "decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1, pdl=PDL_MAX_THREADS
         )
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         prefill = variant("prefill", warps, per_thread, max(1, PREFILL_WARPS // warps))

@@ -32,7 +32,7 @@ from ...archs import Arch
 from ...errors import ArgumentError, ConfigError
 from ..base import KernelFamily, choice
 from ..rowwise import access_bytes, row_align, vector_width
-from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
 from .tuning import BLOCK_THREADS, DECODE_MAX_PAIRS_PER_SM
 
 __all__ = ["MoeDispatchConfig", "MoeDispatch"]
@@ -162,7 +162,7 @@ class MoeDispatch(KernelFamily):
         return (
             Variant("decode", block, smem, params,
                     {**common, "phase": "decode", "register_pairs": reg_pairs}, cooperative=True,
-                    pdl=True),
+                    pdl=PDL_MAX_THREADS),
             Variant("prefill_route", block, smem, params, {**common, "phase": "route"},
                     cooperative=True),
             Variant("prefill_copy", block, smem, params, {**common, "phase": "copy"}),

@@ -18,7 +18,7 @@ from ...archs import Arch
 from ...errors import ConfigError
 from ..base import KernelFamily, choice
 from ..rowwise import access_bytes, row_align, row_plan, row_split, vector_width
-from ..spec import DTYPES, Dim, TensorArg, Variant
+from ..spec import PDL_MAX_THREADS, DTYPES, Dim, TensorArg, Variant
 from . import tuning
 
 __all__ = ["RmsNormConfig", "RmsNorm"]
@@ -109,7 +109,7 @@ class RmsNorm(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows, pdl=False):
+        def variant(name, warps, per_thread, rows, pdl=0):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
             constants = {
@@ -123,10 +123,12 @@ class RmsNorm(KernelFamily):
             return Variant(name, (threads, 1, 1), smem, params, constants, pdl=pdl)
 
         # Decode launches are latency-bound: programmatic dependent launch overlaps each one's
-        # launch with its predecessor's tail (measured: benchmarks/bench_pdl.py).
-        decode = variant(
-            "decode", *row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes), 1, pdl=True
-        )
+        # launch with its predecessor's tail (benchmarks/bench_pdl.py: a 20-kernel one-token
+        # chain 44.8 vs 50.0 µs). Not for rows of fewer than 4 warps: the griddepcontrol
+        # prologue costs every block, and with one-warp blocks (hidden 128) it doubled the
+        # time at 32768 tokens (1420 vs 714 µs on the H200, 2026-11-30).
+        warps, per_thread = row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes)
+        decode = variant("decode", warps, per_thread, 1, pdl=PDL_MAX_THREADS if warps >= 4 else 0)
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
         prefill = variant("prefill", warps, per_thread, max(1, block_warps // warps))
