@@ -49,6 +49,10 @@ def combine(**values) -> Point:
     return Point("moe_combine", get_family("moe_combine").make_config(**values))
 
 
+def point(family: str, **values) -> Point:
+    return Point(family, get_family(family).make_config(**values))
+
+
 def moe(experts: int, top_k: int, hidden: int) -> list[Point]:
     return [
         dispatch(num_experts=experts, top_k=top_k, hidden=hidden),
@@ -62,35 +66,42 @@ SHIPPED = {
         rms(hidden=4096, eps=1e-6, fused_residual=True),
         qk(num_q_heads=64, num_k_heads=4, head_dim=128, eps=1e-6),
         *moe(128, 8, 4096),
+        point("act_and_mul", d=1536),
     ],
     "qwen3-30b-a3b": [
         rms(hidden=2048, eps=1e-6, fused_residual=False),
         rms(hidden=2048, eps=1e-6, fused_residual=True),
         qk(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6),
         *moe(128, 8, 2048),
+        point("act_and_mul", d=768),
     ],
     "qwen3-8b": [
         rms(hidden=4096, eps=1e-6, fused_residual=False),
         rms(hidden=4096, eps=1e-6, fused_residual=True),
         qk(num_q_heads=32, num_k_heads=8, head_dim=128, eps=1e-6),
+        point("act_and_mul", d=12288),
     ],
     "llama-3.1-8b": [
         rms(hidden=4096, eps=1e-5, fused_residual=False),
         rms(hidden=4096, eps=1e-5, fused_residual=True),
+        point("act_and_mul", d=14336),
     ],
     "gemma-3-12b": [
         rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=False),
         rms(hidden=3840, eps=1e-6, weight_offset=1.0, fused_residual=True),
         qk(num_q_heads=16, num_k_heads=8, head_dim=256, eps=1e-6, weight_offset=1.0),
+        point("act_and_mul", d=15360, activation='gelu_tanh'),
     ],
     "mistral-7b": [
         rms(hidden=4096, eps=1e-5, fused_residual=False),
         rms(hidden=4096, eps=1e-5, fused_residual=True),
+        point("act_and_mul", d=14336),
     ],
     "mixtral-8x7b": [
         rms(hidden=4096, eps=1e-5, fused_residual=False),
         rms(hidden=4096, eps=1e-5, fused_residual=True),
         *moe(8, 2, 4096),
+        point("act_and_mul", d=14336),
     ],
     "deepseek-v3": [
         rms(hidden=7168, eps=1e-6, fused_residual=False),
@@ -104,16 +115,26 @@ SHIPPED = {
             ),
             combine(top_k=8, hidden=7168),
         ],
+        point("act_and_mul", d=18432),
+        point("act_and_mul", d=2048),
+        point("fp8_group_quant", hidden=7168, scale_layout='col_major_tma'),
+        point("fp8_group_quant", hidden=7168, scale_layout='col_major_tma', ue8m0=True),
+        point("act_and_mul_fp8_quant", d=18432, scale_layout='col_major_tma'),
+        point("act_and_mul_fp8_quant", d=18432, scale_layout='col_major_tma', ue8m0=True),
+        point("act_and_mul_fp8_quant", d=2048, scale_layout='col_major_tma'),
+        point("act_and_mul_fp8_quant", d=2048, scale_layout='col_major_tma', ue8m0=True),
     ],
     "gpt-oss-20b": [
         rms(hidden=2880, eps=1e-5, fused_residual=False),
         rms(hidden=2880, eps=1e-5, fused_residual=True),
         *moe(32, 4, 2880),
+        point("block_scaled_quant", hidden=2880),
     ],
     "gpt-oss-120b": [
         rms(hidden=2880, eps=1e-5, fused_residual=False),
         rms(hidden=2880, eps=1e-5, fused_residual=True),
         *moe(128, 4, 2880),
+        point("block_scaled_quant", hidden=2880),
     ],
 }
 
@@ -144,7 +165,7 @@ def test_shipped_manifest_loads(name):
 def test_load_manifests_directory_returns_all_shipped_in_name_order():
     manifests = load_manifests([MANIFEST_DIR])
     assert [m.name for m in manifests] == sorted(SHIPPED)
-    assert sum(len(m.points) for m in manifests) == sum(len(p) for p in SHIPPED.values()) == 39
+    assert sum(len(m.points) for m in manifests) == sum(len(p) for p in SHIPPED.values()) == 56
 
 
 # --- expansion, dedup, defaults -----------------------------------------------------------------

@@ -37,7 +37,7 @@ from ..kernels import FAMILIES, get_family
 from ..kernels.act_and_mul.derive import read_mlp
 from ..kernels.block_scaled_quant.derive import read_block_scaled
 from ..kernels.fp8_group_quant.derive import read_fp8_group
-from .model import KernelEntry, ModelFacts, MoeFacts
+from .model import KernelEntry, ModelFacts, MoeFacts, fp8_block_size
 from .schema import Manifest, parse_manifest
 
 __all__ = [
@@ -289,7 +289,7 @@ def _deepseek_v3(v: _View) -> _Model:
         "expert_groups": v.int("n_group", "the MoE routing"),
         "topk_groups": v.int("topk_group", "the MoE routing"),
         "routed_scaling_factor": v.float("routed_scaling_factor", "the MoE routing"),
-        "fp8_block": _fp8_block(v),
+        "fp8_block": fp8_block_size(v),
     }
     return _Model(
         hidden,
@@ -299,21 +299,6 @@ def _deepseek_v3(v: _View) -> _Model:
         moe=moe,
         moe_field="n_routed_experts",
     )
-
-
-def _fp8_block(v: _View) -> int:
-    """Elements per activation scale of an fp8 block-quantized checkpoint, else 0."""
-    quant = v.data.get("quantization_config")
-    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
-        return 0
-    block = quant.get("weight_block_size")
-    if (
-        not isinstance(block, list)
-        or len(block) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
-        v.fail("quantization_config.weight_block_size", "must be two positive integers for fp8")
-    return block[1]
 
 
 def _gpt_oss(v: _View) -> _Model:

@@ -9,7 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MoeFacts", "KernelEntry", "ModelFacts"]
+__all__ = ["MoeFacts", "KernelEntry", "ModelFacts", "fp8_block_size"]
+
+
+def fp8_block_size(view) -> int:
+    """weight_block_size[1] of an fp8 block-quantized checkpoint (quantization_config with
+    quant_method fp8: DeepSeek-V3, Qwen3 -FP8), else 0. `view` is from-config's reader of the
+    config; a malformed block size fails naming the field."""
+    quant = view.data.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        return 0
+    block = quant.get("weight_block_size")
+    if (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        view.fail("quantization_config.weight_block_size", "must be two positive integers for fp8")
+    return block[1]
 
 
 @dataclass(frozen=True)

@@ -14,27 +14,18 @@ Anything else (no quantization_config, another quant_method) gives no point.
 
 from __future__ import annotations
 
-from ...manifest.model import KernelEntry, ModelFacts
+from ...manifest.model import KernelEntry, ModelFacts, fp8_block_size
 
 __all__ = ["read_fp8_group", "ue8m0_values", "derive"]
 
 
 def read_fp8_group(view) -> int:
     """ModelFacts.fp8_group: weight_block_size[1] of an fp8 block checkpoint, else 0."""
-    quant = view.data.get("quantization_config")
-    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
-        return 0
-    block = quant.get("weight_block_size")
-    if (
-        not isinstance(block, list)
-        or len(block) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
-        view.fail("quantization_config.weight_block_size", "must be two positive integers for fp8")
-    if block[1] not in (64, 128):
+    group = fp8_block_size(view)
+    if group not in (0, 64, 128):
         view.fail("quantization_config.weight_block_size",
-                  f"activation groups of {block[1]} are not supported; 64 or 128")
-    return block[1]
+                  f"activation groups of {group} are not supported; 64 or 128")
+    return group
 
 
 def ue8m0_values(archs) -> list[bool] | bool:
