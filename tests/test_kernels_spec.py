@@ -71,6 +71,8 @@ BASE["act_and_mul_fp8_quant"] = {"d": 4096, "activation": "silu", **_QUANT}
 BASE["block_scaled_quant"] = dict(hidden=4096, format="mxfp8", dtype="bfloat16",
                                  scale_layout="swizzled_128x4")
 BASE["nvfp4_quant"] = dict(hidden=4096, dtype="bfloat16", scale_layout="swizzled_128x4")
+BASE["fp8_token_quant"] = dict(hidden=4096, dtype="bfloat16", eps=1e-10)
+BASE["fp8_tensor_quant"] = dict(hidden=4096, dtype="bfloat16", eps=1e-10)
 BASE["all_reduce"] = dict(world_size=2, dtype="bfloat16", fusion="none")
 # More base points, for fields that can only change together with others from the first base
 # (moe_dispatch: scale_group is nonzero exactly for float8 tokens).

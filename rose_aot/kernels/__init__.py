@@ -11,6 +11,8 @@ from .act_and_mul import ActAndMul
 from .act_and_mul_fp8_quant import ActAndMulFp8Quant
 from .block_scaled_quant import BlockScaledQuant
 from .fp8_group_quant import Fp8GroupQuant
+from .fp8_token_quant import Fp8TokenQuant
+from .fp8_tensor_quant import Fp8TensorQuant
 from .nvfp4_quant import Nvfp4Quant
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
@@ -37,6 +39,8 @@ FAMILIES: dict[str, KernelFamily] = {
         MoeCombine(),
         ActAndMul(),
         Fp8GroupQuant(),
+        Fp8TokenQuant(),
+        Fp8TensorQuant(),
         ActAndMulFp8Quant(),
         BlockScaledQuant(),
         Nvfp4Quant(),

@@ -1,0 +1,114 @@
+"""CuTeDSL device code of fp8_tensor_quant (see family.py for the math and the launches)."""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+
+from ...archs import Arch
+from ..device_utils import SharedMemory, grid_barrier
+from ..fp8_token_quant.device import segment_max
+from ..spec import Variant
+from .family import FP8_MAX
+
+__all__ = ["host_function"]
+
+
+def _bits(value: Float32) -> Int32:
+    return Int32(llvm.inline_asm(Int32.mlir_type, [value.ir_value()], "mov.b32 $0, $1;", "=r,f",
+                                 has_side_effects=False, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def _float(bits: Int32) -> Float32:
+    return Float32(llvm.inline_asm(Float32.mlir_type, [bits.ir_value()], "mov.b32 $0, $1;",
+                                   "=f,r", has_side_effects=False, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def host_function(config, variant: Variant, arch: Arch):
+    """Launcher: x, q, scale, words (workspace), grid, stream."""
+    phase = variant.constants["phase"]
+    vec = variant.constants["vec"]
+    V = config.hidden // vec
+    eps = float(config.eps)
+    threads = variant.threads
+    block = list(variant.block)
+    smem_bytes = variant.smem
+    cooperative = variant.cooperative
+
+    @cute.jit
+    def block_absmax(mX, first, step):
+        """The block's max |x| over vectors first, first + step, ... (every thread gets it)."""
+        alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
+        sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
+        tXrX = cute.make_rmem_tensor((vec,), mX.element_type)
+        amax = Float32(0.0)
+        for u in cutlass.range(first, mX.shape[0] * V, step):
+            gX = cute.zipped_divide(mX[u // V, None], (vec,))
+            cute.autovec_copy(gX[(None, u % V)], tXrX)
+            tYrY = tXrX.load().to(Float32)
+            for j in cutlass.range_constexpr(vec):
+                amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j]))
+        return segment_max(amax, sWarp, threads)
+
+    @cute.jit
+    def publish_scale(amax, mScale, mWords):
+        """Fold the block's absmax into words[1]; the last block counted in (words[2]) writes
+        the scale and zeroes both words. Call from one thread per block."""
+        blocks = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
+        cute.arch.atomic_max(mWords.iterator + 1, _bits(amax), scope="gpu")
+        # release: this block's max is in before it counts; acquire (last block): all are in.
+        arrived = cute.arch.atomic_add(mWords.iterator + 2, Int32(1), sem="acq_rel", scope="gpu")
+        if arrived == blocks - 1:
+            total = _float(cute.arch.atomic_exch(mWords.iterator + 1, Int32(0), sem="acq_rel",
+                                                 scope="gpu"))
+            cute.arch.atomic_exch(mWords.iterator + 2, Int32(0), scope="gpu")
+            mScale[0] = cute.arch.fmax(total, Float32(eps)) / Float32(FP8_MAX)
+
+    @cute.jit
+    def quantize(mX, mQ, scale, first, step):
+        tXrX = cute.make_rmem_tensor((vec,), mX.element_type)
+        tQrQ = cute.make_rmem_tensor((vec,), mQ.element_type)
+        for u in cutlass.range(first, mX.shape[0] * V, step):
+            row = u // V
+            gX = cute.zipped_divide(mX[row, None], (vec,))
+            cute.autovec_copy(gX[(None, u % V)], tXrX)
+            tYrY = cute.make_rmem_tensor((vec,), Float32)
+            tYrY.store(tXrX.load().to(Float32))
+            for j in cutlass.range_constexpr(vec):
+                tYrY[j] = tYrY[j] / scale
+            tQrQ.store(tYrY.load().to(mQ.element_type))
+            gQ = cute.zipped_divide(mQ[row, None], (vec,))
+            cute.autovec_copy(tQrQ, gQ[(None, u % V)])
+
+    @cute.kernel
+    def fp8_tensor_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor,
+                                mWords: cute.Tensor):
+        # mX: [tokens, hidden]; mQ: [tokens, hidden] e4m3; mScale: [1] fp32;
+        # mWords: [4] int32 workspace (barrier, absmax bits, blocks counted in, -)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        first = bidx * threads + tidx
+        step = cute.arch.grid_dim()[0] * threads
+        if const_expr(phase != "quant"):
+            amax = block_absmax(mX, first, step)
+            if tidx == 0:
+                publish_scale(amax, mScale, mWords)
+        if const_expr(phase == "decode"):
+            grid_barrier(mWords.iterator)
+        if const_expr(phase != "absmax"):
+            quantize(mX, mQ, mScale[0], first, step)
+
+    @cute.jit
+    def launch(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor, mWords: cute.Tensor,
+               grid_x: Int32, grid_y: Int32, grid_z: Int32, stream: cuda.CUstream):
+        fp8_tensor_quant_kernel(mX, mQ, mScale, mWords).launch(
+            grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream,
+            cooperative=cooperative,
+        )
+
+    return launch

@@ -1,0 +1,127 @@
+"""fp8_tensor_quant: dynamic per-tensor FP8 (e4m3) quantization.
+
+x [tokens, hidden] (bf16/fp16, rows may be strided) -> q [tokens, hidden] float8_e4m3fn and
+scale [1] fp32 for the whole tensor:
+
+    absmax = max |x| over every element (NaN elements ignored)
+    scale  = fp32(max(absmax, fp32(eps)) / 448)
+    q      = e4m3(fp32(x / scale))   nearest even, saturated to +-448
+
+(fp8_group_quant's definition and non-finite policy with one group: a single inf makes the
+scale inf, its code NaN and every finite code +-0.)
+
+The absmax must be complete before any element is quantized (the seed's rule):
+- decode (the tensor fits one wave, <= DECODE_MAX_VECS vectors per thread of one block per
+  SM): ONE cooperative launch, grid <= the SM count. Every block reduces its vectors, adds its
+  max to a workspace word with an integer atomic max on the float bits (the absmax is >= 0,
+  and non-negative floats order like their bits), and counts itself in; the last block to
+  count in turns the total into the scale, writes ``scale`` and puts both words back to zero;
+  then a grid barrier, then every block reads ``scale`` and quantizes its vectors.
+- prefill: the same reduction as one kernel (``prefill_absmax``, the last block writes the
+  scale and zeroes the words), then ``prefill_quant`` reads the scale and quantizes.
+All kernels walk the tensor as tokens * (hidden / vec) vectors, grid-stride (any grid is
+correct; the decode kernel re-reads its vectors after the barrier, from L2 at decode sizes).
+
+Workspace (loader-owned, zero-initialised, left zero or self-reset after every launch):
+int32 [4]: [0] grid barrier word (phase bit + arrivals, device_utils.grid_barrier), [1] absmax
+bits, [2] blocks counted in, [3] padding. One point's launches on one stream never overlap,
+so the words are never shared by two launches in flight.
+
+Launch knobs are the seed's recipe, NOT MEASURED (no benchmark yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...archs import Arch
+from ...errors import ConfigError
+from ..base import KernelFamily, choice
+from ..fp8_group_quant.family import FP8_MAX, MIN_EPS
+from ..rowwise import access_bytes, vector_width
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+
+__all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
+           "DECODE_MAX_VECS", "PREFILL_BLOCKS_PER_SM"]
+
+MAX_HIDDEN = 65536
+BLOCK_THREADS = 512
+DECODE_MAX_VECS = 4  # vectors per thread up to which one cooperative wave is used
+PREFILL_BLOCKS_PER_SM = 4  # grid cap of the grid-stride prefill kernels
+
+
+@dataclass(frozen=True)
+class Fp8TensorQuantConfig:
+    hidden: int
+    dtype: str = choice("bfloat16", "float16", default="bfloat16", doc="input dtype")
+    eps: float = 1e-10  # lower bound of the absmax (an all-zero tensor)
+
+
+class Fp8TensorQuant(KernelFamily):
+    name = "fp8_tensor_quant"
+    Config = Fp8TensorQuantConfig
+    device_module = "rose_aot.kernels.fp8_tensor_quant.device"
+    shape_fields = ("hidden",)
+
+    def _vec(self, c: Fp8TensorQuantConfig, arch: Arch) -> int:
+        return vector_width(c.dtype, access_bytes(arch, c.hidden * DTYPES[c.dtype].bits // 8))
+
+    def validate(self, c: Fp8TensorQuantConfig) -> None:
+        vec = vector_width(c.dtype, 16)
+        if not 0 < c.hidden <= MAX_HIDDEN or c.hidden % vec:
+            raise ConfigError(self.name, "hidden",
+                              f"{c.hidden} is not supported; use a multiple of {vec} up to "
+                              f"{MAX_HIDDEN}")
+        if not MIN_EPS <= c.eps <= 1.0:
+            raise ConfigError(self.name, "eps", f"must be in [{MIN_EPS}, 1] (got {c.eps})")
+
+    def args(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
+        """x [tokens, hidden], q [tokens, hidden] e4m3, scale [1] fp32."""
+        tokens = Dim("tokens")
+        vec = self._vec(c, arch)
+        return (
+            TensorArg("x", c.dtype, (tokens, c.hidden),
+                      (Dim("x_row_stride", width=64, divisibility=vec), 1),
+                      vec * DTYPES[c.dtype].bits // 8, role="input"),
+            TensorArg("q", "float8_e4m3fn", (tokens, c.hidden),
+                      (Dim("q_row_stride", width=64, divisibility=vec), 1), vec, role="output"),
+            TensorArg("scale", "float32", (1,), (1,), 4, role="output"),
+        )
+
+    def workspace(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
+        return (TensorArg("words", "int32", (4,), (1,), 16, "workspace"),)
+
+    def variants(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[Variant, ...]:
+        params = tuple(a.name for a in self.kernel_args(c, arch))
+        block = (BLOCK_THREADS, 1, 1)
+        smem = 4 * BLOCK_THREADS // 32  # one fp32 per warp for the block max (no max: none)
+        common = {"vec": self._vec(c, arch), "decode_max_vecs": DECODE_MAX_VECS,
+                  "prefill_blocks_per_sm": PREFILL_BLOCKS_PER_SM}
+        return (
+            Variant("decode", block, smem, params, {**common, "phase": "decode"},
+                    cooperative=True),
+            Variant("prefill_absmax", block, smem, params, {**common, "phase": "absmax"}),
+            Variant("prefill_quant", block, 0, params, {**common, "phase": "quant"}),
+        )
+
+    def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
+        self.check_force(force)
+        tokens = sizes["tokens"]
+        if tokens == 0:
+            return ()
+        decode_v = variants["decode"]
+        k = decode_v.constants
+        units = tokens * (c.hidden // k["vec"])  # vectors of the tensor
+        threads = decode_v.threads
+        decode = units <= sm_count * threads * k["decode_max_vecs"]
+        if force is not None:
+            decode = force == "decode"
+        blocks = -(-units // threads)
+        if decode:
+            # Cooperative: every block resident, so at most one block per SM.
+            return (Launch("decode", (max(1, min(sm_count, blocks)), 1, 1)),)
+        cap = sm_count * variants["prefill_absmax"].constants["prefill_blocks_per_sm"]
+        return (
+            Launch("prefill_absmax", (min(cap, -(-units // variants["prefill_absmax"].threads)), 1, 1)),
+            Launch("prefill_quant", (min(cap, -(-units // variants["prefill_quant"].threads)), 1, 1)),
+        )
