@@ -35,11 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...archs import Arch
-from ...errors import ConfigError
 from ..base import KernelFamily, choice
-from ..fp8_group_quant.family import FP8_MAX, MIN_EPS
-from ..rowwise import access_bytes, vector_width
-from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from ..fp8_group_quant.family import FP8_MAX
+from ..fp8_token_quant.family import row_args, row_vec, validate_rows
+from ..spec import Launch, TensorArg, Variant
 
 __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
            "DECODE_MAX_VECS", "PREFILL_BLOCKS_PER_SM"]
@@ -64,29 +63,14 @@ class Fp8TensorQuant(KernelFamily):
     shape_fields = ("hidden",)
 
     def _vec(self, c: Fp8TensorQuantConfig, arch: Arch) -> int:
-        return vector_width(c.dtype, access_bytes(arch, c.hidden * DTYPES[c.dtype].bits // 8))
+        return row_vec(c, arch)
 
     def validate(self, c: Fp8TensorQuantConfig) -> None:
-        vec = vector_width(c.dtype, 16)
-        if not 0 < c.hidden <= MAX_HIDDEN or c.hidden % vec:
-            raise ConfigError(self.name, "hidden",
-                              f"{c.hidden} is not supported; use a multiple of {vec} up to "
-                              f"{MAX_HIDDEN}")
-        if not MIN_EPS <= c.eps <= 1.0:
-            raise ConfigError(self.name, "eps", f"must be in [{MIN_EPS}, 1] (got {c.eps})")
+        validate_rows(self.name, c, MAX_HIDDEN)
 
     def args(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
         """x [tokens, hidden], q [tokens, hidden] e4m3, scale [1] fp32."""
-        tokens = Dim("tokens")
-        vec = self._vec(c, arch)
-        return (
-            TensorArg("x", c.dtype, (tokens, c.hidden),
-                      (Dim("x_row_stride", width=64, divisibility=vec), 1),
-                      vec * DTYPES[c.dtype].bits // 8, role="input"),
-            TensorArg("q", "float8_e4m3fn", (tokens, c.hidden),
-                      (Dim("q_row_stride", width=64, divisibility=vec), 1), vec, role="output"),
-            TensorArg("scale", "float32", (1,), (1,), 4, role="output"),
-        )
+        return (*row_args(c, arch), TensorArg("scale", "float32", (1,), (1,), 4, role="output"))
 
     def workspace(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
         return (TensorArg("words", "int32", (4,), (1,), 16, "workspace"),)

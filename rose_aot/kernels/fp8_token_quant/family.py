@@ -80,6 +80,35 @@ def row_split(vectors: int, max_threads: int, max_vecs: int, prefer: int | None,
     return ChunkSplit(row_threads, per_thread, 1, rows, row_threads * per_thread == vectors)
 
 
+def row_vec(c, arch: Arch) -> int:
+    """Elements per access of the x rows (the arch's widest the row allows)."""
+    return vector_width(c.dtype, access_bytes(arch, c.hidden * DTYPES[c.dtype].bits // 8))
+
+
+def validate_rows(family: str, c, max_hidden: int) -> None:
+    """hidden and eps of a whole-row fp8 quantizer (per-token and per-tensor alike)."""
+    vec = vector_width(c.dtype, 16)
+    if not 0 < c.hidden <= max_hidden or c.hidden % vec:
+        raise ConfigError(family, "hidden",
+                          f"{c.hidden} is not supported; use a multiple of {vec} up to "
+                          f"{max_hidden}")
+    if not MIN_EPS <= c.eps <= 1.0:
+        raise ConfigError(family, "eps", f"must be in [{MIN_EPS}, 1] (got {c.eps})")
+
+
+def row_args(c, arch: Arch) -> tuple[TensorArg, TensorArg]:
+    """x [tokens, hidden] (strided rows) and q [tokens, hidden] e4m3."""
+    tokens = Dim("tokens")
+    vec = row_vec(c, arch)
+    return (
+        TensorArg("x", c.dtype, (tokens, c.hidden),
+                  (Dim("x_row_stride", width=64, divisibility=vec), 1),
+                  vec * DTYPES[c.dtype].bits // 8, role="input"),
+        TensorArg("q", "float8_e4m3fn", (tokens, c.hidden),
+                  (Dim("q_row_stride", width=64, divisibility=vec), 1), vec, role="output"),
+    )
+
+
 class Fp8TokenQuant(KernelFamily):
     name = "fp8_token_quant"
     Config = Fp8TokenQuantConfig
@@ -87,28 +116,16 @@ class Fp8TokenQuant(KernelFamily):
     shape_fields = ("hidden",)
 
     def _vec(self, c: Fp8TokenQuantConfig, arch: Arch) -> int:
-        return vector_width(c.dtype, access_bytes(arch, c.hidden * DTYPES[c.dtype].bits // 8))
+        return row_vec(c, arch)
 
     def validate(self, c: Fp8TokenQuantConfig) -> None:
-        vec = vector_width(c.dtype, 16)
-        if not 0 < c.hidden <= MAX_HIDDEN or c.hidden % vec:
-            raise ConfigError(self.name, "hidden",
-                              f"{c.hidden} is not supported; use a multiple of {vec} up to "
-                              f"{MAX_HIDDEN}")
-        if not MIN_EPS <= c.eps <= 1.0:
-            raise ConfigError(self.name, "eps", f"must be in [{MIN_EPS}, 1] (got {c.eps})")
+        validate_rows(self.name, c, MAX_HIDDEN)
 
     def args(self, c: Fp8TokenQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
         """x [tokens, hidden], q [tokens, hidden] e4m3, scales [tokens, 1] fp32."""
-        tokens = Dim("tokens")
-        vec = self._vec(c, arch)
         return (
-            TensorArg("x", c.dtype, (tokens, c.hidden),
-                      (Dim("x_row_stride", width=64, divisibility=vec), 1),
-                      vec * DTYPES[c.dtype].bits // 8, role="input"),
-            TensorArg("q", "float8_e4m3fn", (tokens, c.hidden),
-                      (Dim("q_row_stride", width=64, divisibility=vec), 1), vec, role="output"),
-            TensorArg("scales", "float32", (tokens, 1), (1, 1), 4, role="output",
+            *row_args(c, arch),
+            TensorArg("scales", "float32", (Dim("tokens"), 1), (1, 1), 4, role="output",
                       layout="row_major"),
         )
 
