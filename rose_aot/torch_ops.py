@@ -76,6 +76,13 @@ def register(bundle) -> "Ops":
     bundles may be registered (a point key present in several resolves to the latest)."""
     import torch
 
+    from .loader import KernelBundle
+
+    if not isinstance(bundle, KernelBundle):
+        raise ArgumentError(
+            f"register takes an opened bundle (rose_aot.open_bundle(path)), got "
+            f"{type(bundle).__name__}"
+        )
     global _library
     with _lock:
         if _library is None:

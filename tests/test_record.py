@@ -252,3 +252,61 @@ def test_record_json_round_trip_and_cubin_binding(tiny_build):
                 if blocks[other.name] != v.block:
                     with pytest.raises(ValueError, match="reqntid"):
                         v.check_cubin(reader.blob(raw_other["cubin"]))
+
+
+def test_hostile_record_fields_end_in_bundle_errors(tmp_path, tiny_build):
+    """Seeded edits of record fields (variants, parameters, arguments, their extents), digests
+    recomputed: every one opens or ends in the project's own error, never another exception."""
+    import random
+
+    from rose_aot.errors import RoseAotError
+    from rose_aot.loader import open_bundle
+
+    values = [None, "x", -1, 0, 10**30, 1.5, [], {}, [1, 2], True, [[1]], [-5, 1, 1],
+              ["t", 32], ["t", 32, 1, 4]]
+    variant_fields = ["record_version", "name", "entries", "block", "cluster", "smem",
+                      "cooperative", "pdl", "params", "constants", "resources", "cubin_sha256"]
+    arg_fields = ["name", "kind", "dtype", "shape", "stride", "align", "role", "layout"]
+    rnd = random.Random(7)
+    refused = 0
+    for i in range(150):
+        def edit(index):
+            point = rnd.choice(index["points"])
+            r = rnd.random()
+            if r < 0.4:
+                rnd.choice(point["variants"])[rnd.choice(variant_fields)] = rnd.choice(values)
+            elif r < 0.6:
+                params = point["variants"][0]["params"]
+                rnd.choice(params)[rnd.choice(["name", "size", "align", "fields"])] = rnd.choice(values)
+            elif r < 0.9:
+                arg = rnd.choice(point["args"])
+                field = rnd.choice(arg_fields)
+                if field in ("shape", "stride") and rnd.random() < 0.5:
+                    arg[field][rnd.randrange(len(arg[field]))] = rnd.choice(values)
+                else:
+                    arg[field] = rnd.choice(values)
+            else:
+                point[rnd.choice(["args", "workspace", "variants"])] = rnd.choice(values)
+
+        path = rewrite_bundle(tiny_build.path, tmp_path / f"h{i % 2}.rosebundle", edit_index=edit)
+        try:
+            bundle = open_bundle(path)
+            for key in bundle.points():
+                bundle.handle(key)
+        except RoseAotError:
+            refused += 1
+    assert refused > 100  # nearly every edit breaks the record; the rest must still open
+
+
+def test_wrong_api_inputs_are_clear_errors(tiny_build):
+    from rose_aot import torch_ops
+    from rose_aot.errors import ArgumentError, KernelNotFoundError
+    from rose_aot.loader import open_bundle
+
+    bundle = open_bundle(tiny_build.path)
+    with pytest.raises(ArgumentError, match="a point key is a string"):
+        bundle.handle(["rms_norm"])
+    with pytest.raises(KernelNotFoundError):
+        bundle.handle("rms_norm(hidden=3)")
+    with pytest.raises(ArgumentError, match="opened bundle"):
+        torch_ops.register(str(tiny_build.path))

@@ -188,9 +188,23 @@ Arg = TensorArg | ScalarArg
 def arg_from_json(data: dict) -> Arg:
     """The inverse of ``to_json``; raises KeyError/TypeError/ValueError on malformed data."""
 
+    def integer(v):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"expected an integer, got {type(v).__name__}")
+        return v
+
     def dims(values):
-        return tuple(Dim(str(v[0]), int(v[1]), int(v[2])) if isinstance(v, list) else int(v)
-                     for v in values)
+        if not isinstance(values, list):
+            raise TypeError(f"expected a list of extents, got {type(values).__name__}")
+        out = []
+        for v in values:
+            if isinstance(v, list):
+                if len(v) != 3 or not isinstance(v[0], str):
+                    raise ValueError(f"a dynamic extent is [name, width, divisibility], got {v!r}")
+                out.append(Dim(v[0], integer(v[1]), integer(v[2])))
+            else:
+                out.append(integer(v))
+        return tuple(out)
 
     if data["kind"] == "scalar":
         return ScalarArg(str(data["name"]), str(data["dtype"]), str(data["role"]))

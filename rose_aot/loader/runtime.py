@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from pathlib import Path
 
 from ..archs import ARCHS, arch_for_capability, get_arch
 from ..bundle import BundleReader
@@ -65,7 +64,7 @@ class KernelBundle:
         for point in points:
             try:
                 record = self._check_point(point)
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
                 if isinstance(exc, RoseAotError):
                     raise
                 what = point.get("key", "?") if isinstance(point, dict) else "?"
@@ -167,6 +166,8 @@ class KernelBundle:
 
     def handle(self, key: str) -> "KernelHandle":
         """The handle of a point by its key (as `points()` lists them)."""
+        if not isinstance(key, str):
+            raise ArgumentError(f"a point key is a string, got {type(key).__name__} {key!r:.60}")
         if key not in self._handles:
             archs = [a for k, a in self._points if k == key]
             if not archs:
