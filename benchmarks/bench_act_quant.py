@@ -36,7 +36,8 @@ TOKENS = [1, 16, 128, 1024, 8192, 32768]
 GROUP = 128
 EPS = 1e-10
 CHECK_ROWS = 64  # rows compared with the float64 reference (a CPU reference of all is too slow)
-FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant")  # + nvfp4_quant
+FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",  # + nvfp4_quant
+            "fp8_token_quant", "fp8_tensor_quant")
 
 
 # ----------------------------------------------------------------------------- torch peers
@@ -209,6 +210,70 @@ def bench_quant(bundle, tokens_list, widths, rows, fused):
                 rows.append(_measure(family, f"{layout}/{h}", t, nbytes, impls, plan))
 
 
+def token_quant_torch(x, q, scales):
+    """Dynamic per-token e4m3 quantization in torch (scales [T, 1])."""
+    scale = x.float().abs().amax(-1, keepdim=True).clamp(min=EPS) / 448.0
+    q.copy_((x.float() / scale).clamp(-448.0, 448.0).to(q.dtype))
+    scales.copy_(scale)
+
+
+def tensor_quant_torch(x, q, scale):
+    """Dynamic per-tensor e4m3 quantization in torch (scale [1])."""
+    s = x.float().abs().amax().clamp(min=EPS) / 448.0
+    q.copy_((x.float() / s).clamp(-448.0, 448.0).to(q.dtype))
+    scale.copy_(s.reshape(1))
+
+
+def bench_token_tensor(bundle, tokens_list, widths, rows, per_tensor):
+    import torch
+
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from fp8_extra_cases import compare  # bit-exact codes and scales
+
+    from rose_aot.kernels import get_family
+
+    family = "fp8_tensor_quant" if per_tensor else "fp8_token_quant"
+    peer = tensor_quant_torch if per_tensor else token_quant_torch
+    compiled = torch.compile(peer)
+    for h in widths:
+        ours = bundle.kernel(family, hidden=h)
+        config = ours.config
+        for t in tokens_list:
+            gen = torch.Generator(device="cuda").manual_seed(t + h)
+            x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+            q = torch.empty(t, h, device="cuda", dtype=torch.float8_e4m3fn)
+            s = torch.empty(1 if per_tensor else t, *(() if per_tensor else (1,)), device="cuda")
+            # Per-token: the first rows against the float64 reference; per-tensor: the whole
+            # tensor (its scale depends on every row), each plan variant.
+            # The reference is plain torch; it runs in float64 on the GPU here (a CPU pass over
+            # 32768 x 14336 elements would take minutes).
+            rows_checked = t if per_tensor else min(CHECK_ROWS, t)
+            want_q = torch.empty(rows_checked, h, dtype=torch.float8_e4m3fn, device="cuda")
+            want_s = torch.empty(s.shape if per_tensor else (rows_checked, 1), device="cuda")
+            get_family(family).reference(config, x[:rows_checked], want_q, want_s)
+            want_q, want_s = want_q.cpu(), want_s.cpu()
+            for variant in (None, "decode", "prefill"):
+                q.view(torch.uint8).fill_(0x7F)
+                s.fill_(float("nan"))
+                ours(x, q, s, variant=variant)
+                torch.cuda.synchronize()
+                compare({"q": want_q, "scales": want_s},
+                        {"q": q[:rows_checked], "scales": s if per_tensor else s[:rows_checked]},
+                        f"{family} hidden={h} T={t} {variant}")
+            impls = {
+                "rose_aot": lambda: ours(x, q, s),
+                "rose_aot_decode": lambda: ours(x, q, s, variant="decode"),
+                "rose_aot_prefill": lambda: ours(x, q, s, variant="prefill"),
+                "torch_eager": lambda: peer(x, q, s),
+                "torch_compile": lambda: compiled(x, q, s),
+            }
+            # Bytes: x read once, q written, scales written (per-tensor: the prefill plan
+            # reads x twice, but the goal counts the minimum traffic).
+            nbytes = x.numel() * 2 + q.numel() + s.numel() * 4
+            plan = "+".join(launch.variant for launch in ours.plan(x, q, s))
+            rows.append(_measure(family, f"{h}", t, nbytes, impls, plan))
+
+
 def mxfp8_torch(x, q, scales):
     """MXFP8 (scale rounded up to a power of two) with row-major E8M0 scales, in torch."""
     import torch
@@ -359,6 +424,10 @@ def main() -> None:
         bench_quant(bundle, tokens, widths, rows, fused=True)
     if args.family in ("block_scaled_quant", "all"):
         bench_block_scaled(bundle, tokens, widths, rows)
+    if args.family in ("fp8_token_quant", "all"):
+        bench_token_tensor(bundle, tokens, widths, rows, per_tensor=False)
+    if args.family in ("fp8_tensor_quant", "all"):
+        bench_token_tensor(bundle, tokens, widths, rows, per_tensor=True)
     with open(os.path.join(out, f"act_quant-{args.family}.json"), "w") as f:
         json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows}, f, indent=1)
     report(rows, copy_tbs, env, out, args.family)

@@ -89,14 +89,14 @@ def bench_qk_norm(bundle, tokens_list, rows):
             rows.append(_measure("qk_norm", f"{hq}/{hk}/{d}", t, nbytes, impls))
 
 
-def bench_rms_norm(bundle, tokens_list, rows):
+def bench_rms_norm(bundle, tokens_list, rows, hiddens=HIDDENS):
     import torch
     from liger_kernel.transformers.functional import liger_fused_add_rms_norm, liger_rms_norm
 
     compiled = torch.compile(rms_norm_torch)
     compiled_fused = torch.compile(fused_rms_norm_torch)
     for fused in (False, True):
-        for h in HIDDENS:
+        for h in hiddens:
             ours = bundle.kernel("rms_norm", hidden=h, eps=EPS, fused_residual=fused)
             for t in tokens_list:
                 gen = torch.Generator(device="cuda").manual_seed(t + h)
@@ -146,7 +146,7 @@ def _measure(family, shape, tokens, nbytes, impls):
     return row
 
 
-def report(rows, copy_tbs, env, out):
+def report(rows, copy_tbs, env, out, name=""):
     lines = [
         f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, {env['date']}; "
         f"copy bandwidth {copy_tbs:.2f} TB/s (read + write). Times: µs per call, CUDA-graph "
@@ -167,11 +167,11 @@ def report(rows, copy_tbs, env, out):
         )
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(out, "norms.md"), "w") as f:
+    with open(os.path.join(out, f"norms{name}.md"), "w") as f:
         f.write(text + "\n")
 
 
-def plot(rows, out):
+def plot(rows, out, name=""):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,7 +193,7 @@ def plot(rows, out):
             ax.grid(True, which="both", alpha=0.3)
         axes[0][0].legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(os.path.join(out, f"{family}.png"), dpi=110)
+        fig.savefig(os.path.join(out, f"{family}{name}.png"), dpi=110)
         plt.close(fig)
 
 
@@ -206,8 +206,12 @@ def main() -> None:
     parser.add_argument("bundle")
     parser.add_argument("--family", choices=["qk_norm", "rms_norm", "all"], default="all")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--hidden", default=",".join(map(str, HIDDENS)),
+                        help="rms_norm hidden sizes (the bundle must hold their points)")
+    parser.add_argument("--name", default="", help="suffix of the result files")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
+    hiddens = [int(h) for h in args.hidden.split(",")]
 
     torch.manual_seed(0)
     out = out_dir(os.path.join(os.path.dirname(__file__), "results"))
@@ -220,11 +224,12 @@ def main() -> None:
     if args.family in ("qk_norm", "all"):
         bench_qk_norm(bundle, tokens, rows)
     if args.family in ("rms_norm", "all"):
-        bench_rms_norm(bundle, tokens, rows)
-    with open(os.path.join(out, f"norms-{args.family}.json"), "w") as f:
+        bench_rms_norm(bundle, tokens, rows, hiddens)
+    name = f"-{args.name}" if args.name else ""
+    with open(os.path.join(out, f"norms-{args.family}{name}.json"), "w") as f:
         json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows}, f, indent=1)
-    report(rows, copy_tbs, env, out)
-    plot(rows, out)
+    report(rows, copy_tbs, env, out, name)
+    plot(rows, out, name)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 Times N back-to-back launches of a decode-sized qk_norm (1 token) with the host clock; the GPU
 work per launch is far below the host cost, so the figure is host time. The same loop is timed
 for the pieces of a launch (argument checks; the driver call with packed parameters) and for a
-torch eager op as a peer.
+torch eager op as a peer, and for the floors: the same prepacked launch through the plain
+cuLaunchKernel entry point and through cuda.bindings' wrapper.
 """
 
 from __future__ import annotations
@@ -45,31 +46,53 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
     dev = q.get_device()
     binder = handle._state(dev)[1]  # the ArgBinder of this device's arch (its record's args)
     (launch,) = handle._resolved[(dev, (1,), None)]
-    kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative, ex = launch
+    config, call, pack, packer, name, prepared = launch
     variant = handle.record(dev).variant(name)  # block and shared memory come from the record
-    assert (bx, by, bz, smem) == (*variant.block, variant.smem)
-    assert not cooperative
-    stream = handle._raw_stream(q.get_device())
-    params = packer.pack(packer.fast_values(*binder.fast_bind(args)[:3]))
-    if ex is not None:  # launch attributes (programmatic dependent launch): cuLaunchKernelEx
-        def driver_launch():
-            return ex(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
-    else:
-        launch_fn = handle._launch
-
-        def driver_launch():
-            return launch_fn(kernel, gx, gy, gz, bx, by, bz, smem, stream, params, None)
+    assert (prepared.block, prepared.smem) == (variant.block, variant.smem)
     raw_stream = handle._raw_stream
-    return {
+    stream = raw_stream(dev)
+    atoms = binder.fast_bind(args)[2]
+    params = pack(atoms, ())
+    config.hStream = stream
+
+    # The floors: the same cubin function and prepacked parameters through the plain
+    # cuLaunchKernel entry point (ctypes) and through cuda.bindings' own wrapper.
+    from rose_aot.loader import driver
+
+    plain = driver.launcher()
+    function = prepared.function
+    (gx, gy, gz), (bx, by, bz), smem = prepared.grid, prepared.block, prepared.smem
+    cu = driver.driver()
+    cu_function = cu.CUfunction(function)
+    cu_stream = cu.CUstream(stream)
+
+    def bindings_launch():
+        return cu.cuLaunchKernel(cu_function, gx, gy, gz, bx, by, bz, smem, cu_stream, params, 0)
+
+    ops = None
+    try:
+        from rose_aot import torch_ops
+
+        ops = torch_ops.register(bundle)
+    except Exception as exc:  # reported, not fatal: the eager handle is the figure asked for
+        print(f"torch ops not measured: {exc}")
+    out = {
         "rose_aot_call_us": per_call(lambda: handle(*args)),
         "argument_checks_us": per_call(lambda: binder.fast_bind(args)),
-        "checks_and_pack_us": per_call(lambda: packer.pack(packer.fast_values(*binder.fast_bind(args)[:3])))
-        ,
-        "launch_path": "cuLaunchKernelEx (pdl)" if ex is not None else "cuLaunchKernel",
+        "checks_and_pack_us": per_call(lambda: pack(binder.fast_bind(args)[2], ())),
+        "launch_attributes": list(prepared.attributes),
         "current_stream_us": per_call(lambda: raw_stream(dev)),
-        "driver_launch_us": per_call(driver_launch),
+        "driver_launch_ex_us": per_call(lambda: call(params, None)),
+        "driver_launch_plain_ctypes_us": per_call(
+            lambda: plain(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)),
+        "driver_launch_cuda_bindings_us": per_call(bindings_launch),
         "torch_eager_mul_us": per_call(lambda: q.mul_(1.0)),
+        "torch_eager_add_us": per_call(lambda: q.add_(1)),
     }
+    if ops is not None:
+        out["torch_op_call_us"] = per_call(lambda: ops.call(handle, *args))
+    out["ratio_to_torch_mul"] = out["rose_aot_call_us"] / out["torch_eager_mul_us"]
+    return out
 
 
 def main() -> None:

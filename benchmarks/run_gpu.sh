@@ -4,13 +4,15 @@
 #
 #   rose-aot build manifests tests/manifests -o build/test.rosebundle                 # CPU
 #   rose-aot build benchmarks/manifests/norms.toml -o build/bench-norms.rosebundle    # CPU
+#   rose-aot build benchmarks/manifests/norms-wide.toml -o build/bench-norms-wide.rosebundle
 #   rose-aot build benchmarks/manifests/moe.toml -o build/bench-moe.rosebundle        # CPU
 #   rose-aot build benchmarks/manifests/act_quant.toml -o build/bench-act-quant.rosebundle  # CPU
 #   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
-# STEP: tests | sanitizer | norms | moe | act_quant | overhead | pdl | warmup. Logs go to $OUT (or
-# benchmarks/results). NVLink multicast stays off in every process started here.
+# STEP: tests | sanitizer | norms | norms_wide | moe | act_quant | overhead | pdl | warmup.
+# Logs go to $OUT (or benchmarks/results); GPU_TESTS narrows the tests step to some files.
+# NVLink multicast stays off in every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -23,8 +25,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 status=0
 for step in "$@"; do
     case "$step" in
-        tests) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle python3 -m pytest tests/gpu -q -rs \
-                   -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" ;;
+        tests) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle python3 -m pytest ${GPU_TESTS:-tests/gpu} \
+                   -q -rs -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/gpu-tests.log" ;;
         sanitizer)
             compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_launches.py \
                 build/test.rosebundle 2>&1 | tee "$OUT/sanitizer-memcheck.log"
@@ -32,6 +34,9 @@ for step in "$@"; do
                 build/test.rosebundle 2>&1 | tee "$OUT/sanitizer-racecheck.log" ;;
         norms) python3 benchmarks/bench_norms.py build/bench-norms.rosebundle 2>&1 \
                    | tee "$OUT/bench-norms.log" ;;
+        norms_wide) python3 benchmarks/bench_norms.py build/bench-norms-wide.rosebundle \
+                        --family rms_norm --hidden 5120,6144,8192 --name wide 2>&1 \
+                        | tee "$OUT/bench-norms-wide.log" ;;
         moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
         act_quant) python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle 2>&1 \
                        | tee "$OUT/bench-act-quant.log" ;;

@@ -565,3 +565,137 @@ def test_packer_of_a_shipped_point_matches_its_recorded_layout(bundle, qk, arch)
             for kind, fmt, offset, _mode, _dim in layout:
                 assert struct.unpack_from("<" + fmt, raw, base + offset)[0] == value, (kind, offset)
                 value += 1
+
+
+# ------------------------------------------------------------------ the generated fast path
+
+
+def _hand_tensors(tokens=5, x_stride=512, y_stride=64):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(tokens, x_stride, generator=gen).to(BF16)[:, :512]
+    w = torch.randn(256, generator=gen)
+    lens = torch.arange(tokens, dtype=torch.int32)
+    y = torch.zeros(tokens, y_stride, dtype=BF16)[:, :64]
+    return [x, w, lens, y]
+
+
+def _packed(packer, address) -> bytes:
+    assert address == packer.address
+    return ctypes.string_at(packer.buffer, ctypes.sizeof(packer.buffer))
+
+
+@pytest.mark.parametrize("x_stride, y_stride", [(512, 64), (520, 72), (1024, 128)])
+def test_generated_fast_path_packs_what_the_checked_path_packs(x_stride, y_stride):
+    # The generated checks + generated pack and the full checks + generic pack write the same
+    # parameter bytes, for every kernel parameter order a variant may use.
+    binder = ArgBinder("hand", HAND_ARGS, [(0, 0), (0, 1)], allow_cpu=True)
+    values = _hand_tensors(x_stride=x_stride, y_stride=y_stride)
+    device, sizes, atoms = binder.fast_bind(tuple(values))
+    assert device == -1 and sizes == (5, 512)
+    dims, pointers, _ = binder.bind(tuple(values), meta=True)
+    pointers = [t.data_ptr() for t in values]
+    for names in (("x", "w", "lens", "y"), ("y", "w"), ("lens",), ("w", "x")):
+        packer = _hand_packer(names)
+        pack = packer.compile(binder.atoms, len(HAND_ARGS))
+        fast = _packed(packer, pack(atoms, ()))
+        slow = _packed(packer, packer.pack(packer.values(pointers, dims)))
+        assert fast == slow
+        assert struct.unpack_from("<Q", fast, 0)[0] == values[HAND_POSITIONS[names[0]]].data_ptr()
+
+
+def _hand_mutations():
+    """(what, arguments) pairs the generated checks must refuse (the full checks then decide)."""
+    ok = _hand_tensors()
+    x, w, lens, y = ok
+    yield "argument count", ok[:3]
+    yield "dtype", [x.float(), w, lens, y]
+    yield "static extent", [x, w[:128], lens, y]
+    yield "dynamic extent of another argument", [x, w, lens[:4], y]
+    yield "static extent of a dynamic tensor", [x, w, lens, y[:, :32]]
+    yield "rank", [x, w, lens, y[None]]
+    yield "stride divisibility", [torch.zeros(5, 515, dtype=BF16)[:, :512], w, lens, y]
+    yield "static stride", [x, w, lens, torch.zeros(64, 5, dtype=BF16).t()]
+    yield "not contiguous (static)", [x, torch.zeros(512)[::2], lens, y]
+    yield "misaligned pointer", [torch.zeros(5 * 512 + 8, dtype=BF16)[1:2561].view(5, 512), w, lens, y]
+    yield "not a tensor", [x, w.tolist(), lens, y]
+
+
+@pytest.mark.parametrize("what, values", list(_hand_mutations()), ids=lambda v: v if isinstance(v, str) else "")
+def test_generated_fast_path_refuses_what_the_full_checks_refuse(what, values):
+    binder = ArgBinder("hand", HAND_ARGS, [(0, 0)], allow_cpu=True)
+    assert binder.fast_bind(tuple(_hand_tensors())) is not None
+    assert binder.fast_bind(tuple(values)) is None, what
+    with pytest.raises(ArgumentError):
+        binder.bind(tuple(values), meta=what != "misaligned pointer")
+
+
+def test_generated_fast_path_requires_a_cuda_device_unless_told():
+    values = tuple(_hand_tensors())
+    assert ArgBinder("hand", HAND_ARGS).fast_bind(values) is None  # CPU tensors: full checks
+    assert ArgBinder("hand", HAND_ARGS, allow_cpu=True).fast_bind(values) is not None
+
+
+def test_generated_fast_path_of_every_shipped_point_accepts_its_own_sample(bundle):
+    # For each point and arch of the test bundle: tensors laid out exactly as the record says
+    # (dynamic extents from the family's sample sizes) pass the generated checks, give the
+    # sizes the plan reads, and pack the bytes the checked path packs.
+    checked = 0
+    for key in bundle.points():
+        for arch in bundle.archs:
+            try:
+                record = bundle.record(key, arch)
+            except KeyError:
+                continue
+            values = _sample_arguments(record.args)
+            if values is None:
+                continue
+            binder = ArgBinder(key, record.args, allow_cpu=True)
+            bound = binder.fast_bind(tuple(values))
+            assert bound is not None, (key, arch)
+            dims, _, _ = binder.bind(tuple(values), meta=True)
+            pointers = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
+            positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
+            workspace = tuple(0x1000 * (i + 1) for i in range(len(record.workspace)))
+            for variant in record.variants:
+                packer = ParamPacker(positions, variant.params)
+                pack = packer.compile(binder.atoms, len(record.args))
+                fast = _packed(packer, pack(bound[2], workspace))
+                slow = _packed(packer, packer.pack(packer.values([*pointers, *workspace], dims)))
+                assert fast == slow, (key, arch, variant.name)
+            checked += 1
+    assert checked >= 10
+
+
+def _sample_arguments(args):
+    """CPU tensors (and scalars) laid out as `args` say: every dynamic extent 3, every dynamic
+    stride the contiguous one rounded up to its divisibility; None if the spec needs a layout
+    this simple rule cannot give (then another test covers it)."""
+    from rose_aot.kernels.spec import ScalarArg as _Scalar
+
+    dims: dict[str, int] = {}
+    out = []
+    for a in args:
+        if isinstance(a, _Scalar):
+            out.append(0.5 if a.dtype.startswith("float") else 1)
+            continue
+        shape = [dims.setdefault(d.name, 3) if isinstance(d, Dim) else d for d in a.shape]
+        strides = [0] * len(shape)
+        acc = 1
+        for m in reversed(range(len(shape))):
+            want = a.stride[m]
+            if isinstance(want, Dim):
+                value = dims.setdefault(want.name, -(-acc // want.divisibility) * want.divisibility)
+            else:
+                value = want
+            strides[m] = value
+            acc = value * shape[m]
+        dtype = getattr(torch, a.dtype) if a.dtype not in ("float4_e2m1fn_x2",) else torch.uint8
+        if dtype is torch.uint8 and a.dtype != "uint8":
+            return None
+        size = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+        storage = torch.zeros(size + 64, dtype=dtype)
+        offset = (-storage.data_ptr() % a.align) // storage.element_size()
+        if (storage.data_ptr() + offset * storage.element_size()) % a.align:
+            return None
+        out.append(storage.as_strided(shape, strides, offset))
+    return out

@@ -35,7 +35,11 @@ def _torch_dtype(name: str):
 class ArgBinder:
     """Checks call arguments against an argument spec and collects the dynamic values."""
 
-    def __init__(self, owner: str, args: tuple[Arg, ...]):
+    def __init__(self, owner: str, args: tuple[Arg, ...], size_sources=(), *,
+                 allow_cpu: bool = False):
+        """`size_sources`: (argument index, mode) of each plan size `fast_bind` returns.
+        `allow_cpu` lets `fast_bind` accept CPU tensors (device -1): only for testing the
+        generated checks on a machine without a GPU; a launch never sets it."""
         self.owner = owner
         self.args = args
         import torch
@@ -43,94 +47,103 @@ class ArgBinder:
         self._tensor_type = torch.Tensor
         self._dtypes = {a.name: _torch_dtype(a.dtype) for a in args if isinstance(a, TensorArg)}
 
-        # Hot-path checks: per argument (dtype, rank, static extents, contiguous-only, dynamic
-        # extents, dynamic strides, alignment). Anything unusual falls back to `bind`, which
-        # either accepts it or raises the detailed error.
-        self._fast = []
-        first_use: dict[str, tuple[int, int, str]] = {}
-        for i, a in enumerate(args):
+        # The hot path: straight-line code generated for this argument spec.
+        self.atoms: dict[tuple[int, str, int], str] = {}
+        self.fast_bind = self._compile_fast_bind(size_sources, -1 if allow_cpu else 0)
+
+    def _compile_fast_bind(self, size_sources, min_device: int):
+        """Generate `fast_bind(values) -> (device, sizes, atoms) | None`.
+
+        The function is straight-line Python with every expected dtype, extent, stride and
+        alignment inlined: one attribute read per fact, no loops, no per-call allocation but the
+        result tuples. It accepts exactly the well-formed calls; anything else (wrong count,
+        dtype, shape, device, alignment, a CPU tensor, a size-1 extent with an odd stride...)
+        returns None, and the caller runs `bind`, which raises the precise error or accepts
+        the unusual but valid form. `atoms` holds, in `self.atoms` order, each tensor's data
+        pointer, each scalar's value, and the extents and strides of tensors whose layout is
+        not fixed; `sizes` holds the extents named by `size_sources` ((argument, mode) pairs).
+        `self.atoms` maps (argument index, kind, mode) to the expression a packer reads it by.
+        """
+        lines = ["def fast_bind(values):", f"    if len(values) != {len(self.args)}: return None",
+                 f"    ({''.join(f'v{i}, ' for i in range(len(self.args)))}) = values"]
+        env = {"T": self._tensor_type}
+        atoms: list[str] = []
+        first_use: dict[str, str] = {}  # dim name -> the expression of its first extent
+        seen_device = False
+
+        raw: dict[tuple[int, str, int], str] = {}  # the same facts as local expressions
+
+        def atom(key, expr):
+            self.atoms[key] = f"a[{len(atoms)}]"
+            raw[key] = expr
+            atoms.append(expr)
+
+        for i, a in enumerate(self.args):
+            v = f"v{i}"
             if isinstance(a, ScalarArg):
                 types, bounds = _SCALAR_RULES[a.dtype]
-                self._fast.append((None, types, bounds, None, None, None, None))
+                env[f"TY{i}"] = types
+                cond = f"type({v}) not in TY{i}"
+                if bounds is not None:
+                    cond += f" or not {bounds[0]} <= {v} <= {bounds[1]}"
+                lines.append(f"    if {cond}: return None")
+                atom((i, "scalar", 0), v)
                 continue
-            static_shape = tuple(a.shape) if not any(isinstance(d, Dim) for d in a.shape) else None
-            contiguous = static_shape is not None and tuple(a.stride) == _contiguous(static_shape)
-            extents = []  # (mode, expected int) or (mode, (arg, mode) of the first use)
-            for m, d in enumerate(a.shape):
-                if isinstance(d, Dim):
-                    src = first_use.setdefault(d.name, (i, m, "shape"))
-                    extents.append((m, None if src == (i, m, "shape") else src))
-                else:
-                    extents.append((m, d))
-            strides = []  # (mode, int) static, or (mode, -divisibility) dynamic
-            for m, st in enumerate(a.stride):
-                strides.append((m, -st.divisibility if isinstance(st, Dim) else st))
-            self._fast.append(
-                (self._dtypes[a.name], len(a.shape), static_shape, contiguous, extents, strides,
-                 a.align)
-            )
-
-    def fast_bind(self, values: tuple):
-        """(shapes, strides, values, device) of well-formed arguments, else None. `values`
-        holds each tensor's data pointer and each scalar's value."""
-        fast = self._fast
-        tensor_type = self._tensor_type
-        if len(values) != len(fast):
-            return None
-        shapes, strides, ptrs = [], [], []
-        device = -2
-        for t, (dtype, rank, static_shape, contiguous, extents, stride_spec, align) in zip(
-            values, fast
-        ):
-            if dtype is None:  # a scalar: rank holds the accepted types, static_shape the range
-                if type(t) not in rank or (
-                    static_shape is not None and not static_shape[0] <= t <= static_shape[1]
-                ):
-                    return None
-                shapes.append(None)
-                strides.append(None)
-                ptrs.append(t)
-                continue
-            if type(t) is not tensor_type or t.dtype is not dtype:
-                return None
-            dev = t.get_device()
-            if dev != device:
-                if device != -2 or dev < 0:
-                    return None
-                device = dev
-            shape = t.shape
-            if contiguous:
-                if shape != static_shape or not t.is_contiguous():
-                    return None
-                stride = None
+            env[f"D{i}"] = self._dtypes[a.name]
+            lines.append(f"    if type({v}) is not T or {v}.dtype is not D{i}: return None")
+            if not seen_device:
+                lines.append(f"    dev = {v}.get_device()")
+                lines.append(f"    if dev < {int(min_device)}: return None")
+                seen_device = True
             else:
-                if len(shape) != rank:
-                    return None
-                stride = t.stride()
-                for m, want in extents:
-                    if want is None:
-                        continue
-                    got = shape[m]
-                    if want.__class__ is int:
-                        if got != want:
-                            return None
-                    elif got != (shape if want[0] == len(shapes) else shapes[want[0]])[want[1]]:
-                        return None
-                for m, want in stride_spec:
-                    if want >= 0:
-                        if stride[m] != want and shape[m] > 1:
-                            return None
-                    elif stride[m] % -want:
-                        return None
-            ptr = t.data_ptr()
-            if ptr % align:
-                return None
-            shapes.append(shape)
-            strides.append(stride)
-            ptrs.append(ptr)
-        if device < 0:
-            return None
-        return shapes, strides, ptrs, device
+                lines.append(f"    if {v}.get_device() != dev: return None")
+            static = not any(isinstance(d, Dim) for d in a.shape)
+            if static and tuple(a.stride) == _contiguous(tuple(a.shape)):
+                # A fixed, contiguous tensor: its extents and strides are constants.
+                shape = tuple(int(d) for d in a.shape)  # ints only: the text is executed
+                lines.append(f"    if {v}.shape != {shape!r} or not {v}.is_contiguous(): return None")
+                for m, (extent, stride) in enumerate(zip(a.shape, a.stride)):
+                    self.atoms[(i, "extent", m)] = raw[(i, "extent", m)] = str(int(extent))
+                    self.atoms[(i, "stride", m)] = raw[(i, "stride", m)] = str(int(stride))
+            else:
+                lines.append(f"    s{i} = {v}.shape")
+                lines.append(f"    if len(s{i}) != {len(a.shape)}: return None")
+                lines.append(f"    t{i} = {v}.stride()")
+                for m, d in enumerate(a.shape):
+                    got = f"s{i}[{m}]"
+                    if isinstance(d, Dim):
+                        if d.name in first_use:
+                            lines.append(f"    if {got} != {first_use[d.name]}: return None")
+                        else:
+                            first_use[d.name] = got
+                    else:
+                        lines.append(f"    if {got} != {int(d)}: return None")
+                    atom((i, "extent", m), got)
+                for m, st in enumerate(a.stride):
+                    got = f"t{i}[{m}]"
+                    if isinstance(st, Dim):
+                        if st.divisibility > 1:
+                            lines.append(f"    if {got} % {int(st.divisibility)}: return None")
+                        if st.name in first_use:
+                            lines.append(f"    if {got} != {first_use[st.name]}: return None")
+                        else:
+                            first_use[st.name] = got
+                    else:
+                        lines.append(f"    if {got} != {int(st)} and s{i}[{m}] > 1: return None")
+                    atom((i, "stride", m), got)
+            lines.append(f"    p{i} = {v}.data_ptr()")
+            if a.align > 1:
+                lines.append(f"    if p{i} % {int(a.align)}: return None")
+            atom((i, "ptr", 0), f"p{i}")
+        if not seen_device:
+            lines.append("    return None")
+        sizes = [raw[(i, "extent", m)] for i, m in size_sources]
+        lines.append(f"    return dev, ({''.join(s + ', ' for s in sizes)}), "
+                     f"({''.join(x + ', ' for x in atoms)})")
+        source = "\n".join(lines)
+        exec(compile(source, f"<rose_aot fast_bind {self.owner}>", "exec"), env)
+        self.fast_source = source
+        return env["fast_bind"]
 
     def signature(self) -> str:
         return f"{self.owner}({', '.join(a.name for a in self.args)})"
@@ -304,6 +317,23 @@ class ParamPacker:
             else:
                 out.append(strides[i][mode])
         return out
+
+    def compile(self, atoms: dict[tuple[int, str, int], str], workspace_start: int):
+        """Generate `pack(a, ws) -> kernelParams address` for `ArgBinder.fast_bind`'s atoms `a`
+        (`atoms`: the binder's expression of each (argument, kind, mode)) and the workspace
+        pointers `ws` (values from index `workspace_start` on). One struct call, no loop."""
+        exprs = []
+        for i, kind, mode, _dim in self._sources:
+            if i >= workspace_start:
+                exprs.append(f"ws[{i - workspace_start}]")
+            else:
+                # Pointer and scalar fields have no mode (-1); extents and strides name theirs.
+                exprs.append(atoms[(i, kind, 0 if kind in ("ptr", "scalar") else mode)])
+        env = {"pack_into": self.struct.pack_into, "buf": self.buffer, "address": self.address}
+        source = (f"def pack(a, ws):\n    pack_into(buf, 0, {''.join(e + ', ' for e in exprs)})\n"
+                  f"    return address")
+        exec(compile(source, "<rose_aot pack>", "exec"), env)
+        return env["pack"]
 
     def pack(self, values: list) -> int:
         """Writes the parameters; returns the kernelParams address to pass to the driver."""

@@ -20,8 +20,7 @@ __all__ = [
     "sm_count",
     "function_param_info",
     "launcher",
-    "cooperative_launcher",
-    "ExLauncher",
+    "PreparedLaunch",
     "raise_launch_error",
 ]
 
@@ -121,29 +120,16 @@ def _launch_argtypes():
         *([ctypes.c_uint] * 7),  # grid x, y, z; block x, y, z; dynamic shared memory
         ctypes.c_void_p,  # CUstream
         ctypes.c_void_p,  # void** kernelParams
+        ctypes.c_void_p,  # void** extra
     )
 
 
 @cache
 def launcher():
-    """cuLaunchKernel as a plain C call: the entry point is resolved by cuda-python
-    (cuGetProcAddress) and called through ctypes.
-
-    cuda.bindings' own Python wrapper converts and checks every argument object on each call
-    (several µs); a serving engine launches thousands of kernels a second from the host, so
-    the hot path calls the same driver entry point directly with prepared integers.
-    Called as launch(function, gx, gy, gz, bx, by, bz, smem, stream, kernel_params, None).
-    """
-    import ctypes
-
-    return _entry_point("cuLaunchKernel", *_launch_argtypes(), ctypes.c_void_p)  # void** extra
-
-
-@cache
-def cooperative_launcher():
-    """cuLaunchCooperativeKernel, as `launcher()` without the `extra` argument; the driver refuses
-    (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) a grid whose blocks cannot all be resident."""
-    return _entry_point("cuLaunchCooperativeKernel", *_launch_argtypes())
+    """cuLaunchKernel as a plain C call (the entry point resolved by cuda-python's
+    cuGetProcAddress, called through ctypes): the benchmarks' floor for a Python launch.
+    Called as launch(function, gx, gy, gz, bx, by, bz, smem, stream, kernel_params, None)."""
+    return _entry_point("cuLaunchKernel", *_launch_argtypes())
 
 
 # CUlaunchAttributeID values (cuda.h) and the layout of CUlaunchAttribute / CUlaunchConfig.
@@ -168,21 +154,31 @@ def _ex_types():
                     ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
                     ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
-    launch = _entry_point("cuLaunchKernelEx", ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
+    # The config is passed as an address (c_void_p): no per-call pointer conversion.
+    launch = _entry_point("cuLaunchKernelEx", ctypes.c_void_p, ctypes.c_void_p,
                           ctypes.c_void_p, ctypes.c_void_p)
     return LaunchAttribute, LaunchConfig, launch
 
 
-class ExLauncher:
-    """cuLaunchKernelEx with a fixed set of launch attributes (one per variant record):
-    programmatic dependent launch, cooperative, cluster dimensions. The config struct is
-    preallocated; a call fills in the grid, block, shared memory and stream and launches.
-    Not thread-safe on its own: callers hold the handle's lock, as for the parameter buffer."""
+class PreparedLaunch:
+    """One launch of a resolved plan, ready for cuLaunchKernelEx: the function, grid, block,
+    shared memory and attributes (programmatic dependent launch, cooperative, cluster) are set
+    once in a preallocated CUlaunchConfig. Per call only the stream is written:
 
-    def __init__(self, *, pdl: bool, cooperative: bool, cluster: tuple[int, int, int]):
+        prepared.config.hStream = stream
+        code = prepared.call(kernel_params, None)
+
+    (the handle's hot path does exactly this, inline). Not thread-safe on its own: callers hold
+    the handle's lock, as for the parameter buffer."""
+
+    __slots__ = ("config", "call", "_attrs", "function", "grid", "block", "smem", "attributes")
+
+    def __init__(self, function: int, grid, block, smem: int, *, pdl: bool = False,
+                 cooperative: bool = False, cluster=(1, 1, 1)):
         import ctypes
+        from functools import partial
 
-        LaunchAttribute, LaunchConfig, self._launch = _ex_types()
+        LaunchAttribute, LaunchConfig, launch = _ex_types()
         attrs = []
         if pdl:
             attrs.append((_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)))
@@ -195,18 +191,19 @@ class ExLauncher:
             slot.id = ident
             for i, v in enumerate(values):
                 slot.value[i] = v
-        self._config = LaunchConfig()
-        self._config.attrs = ctypes.cast(self._attrs, ctypes.POINTER(LaunchAttribute))
-        self._config.numAttrs = len(attrs)
-        self._pointer = ctypes.pointer(self._config)
-
-    def __call__(self, function, gx, gy, gz, bx, by, bz, smem, stream, params) -> int:
-        c = self._config
-        c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
-        c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
+        c = self.config = LaunchConfig()
+        c.gridDimX, c.gridDimY, c.gridDimZ = grid
+        c.blockDimX, c.blockDimY, c.blockDimZ = block
         c.sharedMemBytes = smem
-        c.hStream = stream
-        return self._launch(self._pointer, function, params, None)
+        c.attrs = ctypes.cast(self._attrs, ctypes.POINTER(LaunchAttribute))
+        c.numAttrs = len(attrs)
+        self.call = partial(launch, ctypes.addressof(c), function)
+        self.function, self.grid, self.block, self.smem = function, tuple(grid), tuple(block), smem
+        self.attributes = tuple(ident for ident, _ in attrs)
+
+    def __call__(self, stream: int, params: int) -> int:
+        self.config.hStream = stream
+        return self.call(params, None)
 
 
 def raise_launch_error(code: int, what: str):

@@ -8,6 +8,7 @@ capture it like any torch op.
 from __future__ import annotations
 
 import dataclasses
+import struct
 import threading
 
 from ..archs import ARCHS, arch_for_capability, get_arch
@@ -364,23 +365,24 @@ class KernelHandle:
         for (key, arch), record in sorted(bundle._records.items()):
             if key != self.key:
                 continue
-            binder = ArgBinder(self.key, record.args)
-            positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
-            packers = {v.name: ParamPacker(positions, v.params) for v in record.variants}
             size_sources = [_size_source(record.args, size) for size in family.size_names]
+            binder = ArgBinder(self.key, record.args, size_sources)
+            positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
+            packers = {}
+            for v in record.variants:
+                packer = ParamPacker(positions, v.params)
+                packers[v.name] = (packer, packer.compile(binder.atoms, len(record.args)))
             self._arch_state[arch] = (record, binder, packers, size_sources)
         any_state = next(iter(self._arch_state.values()))
         self._names = tuple(a.name for a in any_state[0].args)
         self._any_binder = any_state[1]
+        self._has_workspace = bool(any_state[0].workspace)
         self._device_state: dict[int, tuple] = {}
         self._workspaces: dict[tuple[int, int], list] = {}
-        self._workspace_ptrs: dict[tuple[int, int], list[int]] = {}
-        self._resolved: dict[tuple, list] = {}
-        self._ex_launchers: dict[str, object] = {}
+        self._workspace_ptrs: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._resolved: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
-        self._launch = None
-        self._launch_cooperative = None
-        self._raw_stream = None
+        self._raw_stream = _stream_getter()
 
     def __repr__(self) -> str:
         return f"KernelHandle({self.key}, bundle={self.bundle.path})"
@@ -432,8 +434,10 @@ class KernelHandle:
         sizes = {n: dims[n] for n in self.family.size_names}
         return self.family.plan(self.config, record.by_name, sizes, sm_count, variant)
 
-    def _resolve(self, device: int, sizes: tuple, variant: str | None) -> list:
-        """The plan for (device, sizes) with each launch's kernel, record facts and packer."""
+    def _resolve(self, device: int, sizes: tuple, variant: str | None) -> tuple:
+        """The plan for (device, sizes): per launch its prepared driver launch (function, grid,
+        block, shared memory and attributes from the record), the packer's generated pack
+        function, the packer and the variant name."""
         record, _, packers, _, sm_count = self._state(device)
         plan = self.family.plan(
             self.config, record.by_name, dict(zip(self.family.size_names, sizes)), sm_count, variant
@@ -442,36 +446,20 @@ class KernelHandle:
         for launch in plan:
             v = record.variant(launch.variant)
             kernel = self.bundle.device_kernels(device, self.key, launch.variant)[launch.entry]
-            resolved.append(
-                (int(kernel), *launch.grid, *v.block, v.smem, packers[launch.variant],
-                 launch.variant, v.cooperative, self._ex_launcher(v, launch.grid))
+            # Programmatic dependent launch for launches of up to the record's `pdl` threads.
+            threads = launch.grid[0] * launch.grid[1] * launch.grid[2] * v.threads
+            pdl = 0 < threads <= v.pdl and settings.pdl_enabled()
+            prepared = driver.PreparedLaunch(
+                int(kernel), launch.grid, v.block, v.smem, pdl=pdl, cooperative=v.cooperative,
+                cluster=v.cluster,
             )
+            packer, pack = packers[launch.variant]
+            resolved.append((prepared.config, prepared.call, pack, packer, launch.variant, prepared))
+        resolved = tuple(resolved)
         if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
             self._resolved.clear()
         self._resolved[(device, sizes, variant)] = resolved
         return resolved
-
-    def _ex_launcher(self, v, grid):
-        """cuLaunchKernelEx with the variant's attributes where plain launches cannot say them:
-        programmatic dependent launch (for launches of up to the record's `pdl` threads),
-        clusters. None otherwise."""
-        pdl = 0 < grid[0] * grid[1] * grid[2] * v.threads <= v.pdl and settings.pdl_enabled()
-        if not pdl and v.cluster == (1, 1, 1):
-            return None
-        key = (v.name, pdl)
-        launcher = self._ex_launchers.get(key)
-        if launcher is None:
-            launcher = driver.ExLauncher(pdl=pdl, cooperative=v.cooperative, cluster=v.cluster)
-            self._ex_launchers[key] = launcher
-        return launcher
-
-    def _stream_getter(self):
-        import torch
-
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is None:
-            return lambda device: torch.cuda.current_stream(device).cuda_stream
-        return raw
 
     def workspace(self, device: int, stream: int) -> list:
         """The zero-initialised scratch tensors of (device, stream), allocated on first use.
@@ -493,52 +481,73 @@ class KernelHandle:
 
     def __call__(self, *args, variant: str | None = None) -> None:
         """Launch on torch's current stream of the tensors' device. `variant` forces one variant
-        of the launch plan (for tests and benchmarks); by default the plan picks from the sizes."""
-        first = args[0] if args else None
-        state = self._device_state.get(first.get_device() if hasattr(first, "get_device") else -1)
-        binder = state[1] if state is not None else self._binder_for(args)
+        of the launch plan (for tests and benchmarks); by default the plan picks from the sizes.
+
+        The hot path for a repeated call: the generated checks (`ArgBinder.fast_bind`), a dict
+        lookup of the plan resolved for (device, sizes), per launch one generated struct pack,
+        one field write (the stream) and the driver call."""
+        try:
+            binder = self._device_state[args[0].get_device()][1]
+        except (KeyError, IndexError, AttributeError, TypeError):
+            binder = self._binder_for(args)
         bound = binder.fast_bind(args)
-        if bound is not None:
-            shapes, strides, values, device = bound
-            if state is None:
-                state = self._state(device)
-            sizes = tuple(shapes[i][m] for i, m in state[3])
-            dims = None
-        else:
-            dims, values, device = binder.bind(args)  # raises the precise error
-            state = self._state(device)
-            shapes = strides = None
-            sizes = tuple(dims[n] for n in self.family.size_names)
+        if bound is None:
+            return self._call_checked(args, variant)
+        device, sizes, atoms = bound
         launches = self._resolved.get((device, sizes, variant))
         if launches is None:
             launches = self._resolve(device, sizes, variant)
-        if not launches:
-            return
-        if self._launch is None:
-            self._launch = driver.launcher()
-            self._launch_cooperative = driver.cooperative_launcher()
-            self._raw_stream = self._stream_getter()
         stream = self._raw_stream(device)
-        if state[0].workspace:
-            scratch = self._workspace_ptrs.get((device, stream))
-            if scratch is None:
-                scratch = [t.data_ptr() for t in self.workspace(device, stream)]
-                self._workspace_ptrs[(device, stream)] = scratch
-            values = values + scratch
-        for kernel, gx, gy, gz, bx, by, bz, smem, packer, name, cooperative, ex in launches:
-            with self._lock:
-                if dims is None:
-                    params = packer.pack(packer.fast_values(shapes, strides, values))
-                else:
-                    params = packer.pack(packer.values(values, dims))
-                if ex is not None:
-                    code = ex(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
-                elif cooperative:
-                    code = self._launch_cooperative(kernel, gx, gy, gz, bx, by, bz, smem, stream, params)
-                else:
-                    code = self._launch(kernel, gx, gy, gz, bx, by, bz, smem, stream, params, None)
-            if code:
-                driver.raise_launch_error(code, f"launching {self.key} ({name})")
+        scratch = self._scratch(device, stream) if self._has_workspace else ()
+        with self._lock:
+            for config, call, pack, _packer, name, _ in launches:
+                config.hStream = stream
+                try:
+                    code = call(pack(atoms, scratch), None)
+                except struct.error:  # a value outside its C field (e.g. an int32 extent)
+                    binder.bind(args)  # raises the precise ArgumentError
+                    raise
+                if code:
+                    driver.raise_launch_error(code, f"launching {self.key} ({name})")
+
+    def _call_checked(self, args, variant) -> None:
+        """The launch of a call the fast checks did not accept: the full checks either raise
+        the precise ArgumentError or accept an unusual but valid form (size-1 extents with
+        any stride), whose values come from the checked dims."""
+        binder = self._binder_for(args)
+        dims, values, device = binder.bind(args)
+        if binder is not self._state(device)[1]:  # checked before the device was known
+            dims, values, device = self._state(device)[1].bind(args)
+        sizes = tuple(dims[n] for n in self.family.size_names)
+        launches = self._resolved.get((device, sizes, variant))
+        if launches is None:
+            launches = self._resolve(device, sizes, variant)
+        stream = self._raw_stream(device)
+        if self._has_workspace:
+            values = [*values, *self._scratch(device, stream)]
+        with self._lock:
+            for config, call, _pack, packer, name, _ in launches:
+                config.hStream = stream
+                code = call(packer.pack(packer.values(values, dims)), None)
+                if code:
+                    driver.raise_launch_error(code, f"launching {self.key} ({name})")
+
+    def _scratch(self, device: int, stream: int) -> tuple[int, ...]:
+        scratch = self._workspace_ptrs.get((device, stream))
+        if scratch is None:
+            scratch = tuple(t.data_ptr() for t in self.workspace(device, stream))
+            self._workspace_ptrs[(device, stream)] = scratch
+        return scratch
+
+
+def _stream_getter():
+    """device -> torch's current raw CUDA stream (an int), through torch's C getter."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return lambda device: torch.cuda.current_stream(device).cuda_stream
+    return raw
 
 
 def _size_source(args, size: str) -> tuple[int, int]:
