@@ -60,8 +60,9 @@ class ArgBinder:
         dtype, shape, device, alignment, a CPU tensor, a size-1 extent with an odd stride...)
         returns None, and the caller runs `bind`, which raises the precise error or accepts
         the unusual but valid form. `atoms` holds, in `self.atoms` order, each tensor's data
-        pointer, each scalar's value, and the extents and strides of tensors whose layout is
-        not fixed; `sizes` holds the extents named by `size_sources` ((argument, mode) pairs).
+        pointer, each scalar's value, and each dynamic extent and stride (the values kernel
+        parameters carry); `sizes` holds the extents named by `size_sources` ((argument, mode)
+        pairs).
         `self.atoms` maps (argument index, kind, mode) to the expression a packer reads it by.
         """
         lines = ["def fast_bind(values):", f"    if len(values) != {len(self.args)}: return None",
@@ -90,13 +91,14 @@ class ArgBinder:
                 atom((i, "scalar", 0), v)
                 continue
             env[f"D{i}"] = self._dtypes[a.name]
-            lines.append(f"    if type({v}) is not T or {v}.dtype is not D{i}: return None")
             if not seen_device:
+                lines.append(f"    if type({v}) is not T or {v}.dtype is not D{i}: return None")
                 lines.append(f"    dev = {v}.get_device()")
                 lines.append(f"    if dev < {int(min_device)}: return None")
                 seen_device = True
             else:
-                lines.append(f"    if {v}.get_device() != dev: return None")
+                lines.append(f"    if type({v}) is not T or {v}.dtype is not D{i} or "
+                             f"{v}.get_device() != dev: return None")
             static = not any(isinstance(d, Dim) for d in a.shape)
             if static and tuple(a.stride) == _contiguous(tuple(a.shape)):
                 # A fixed, contiguous tensor: its extents and strides are constants.
@@ -106,31 +108,41 @@ class ArgBinder:
                     self.atoms[(i, "extent", m)] = raw[(i, "extent", m)] = str(int(extent))
                     self.atoms[(i, "stride", m)] = raw[(i, "stride", m)] = str(int(stride))
             else:
+                # One condition for the extents (rank included) and one for the strides: each
+                # static entry compared, each dynamic one checked against its first use and its
+                # divisibility. A size-1 extent with an unexpected static stride is left to
+                # `bind`, which accepts it.
                 lines.append(f"    s{i} = {v}.shape")
-                lines.append(f"    if len(s{i}) != {len(a.shape)}: return None")
-                lines.append(f"    t{i} = {v}.stride()")
+                conds = [f"len(s{i}) != {len(a.shape)}"]
                 for m, d in enumerate(a.shape):
                     got = f"s{i}[{m}]"
-                    if isinstance(d, Dim):
-                        if d.name in first_use:
-                            lines.append(f"    if {got} != {first_use[d.name]}: return None")
-                        else:
-                            first_use[d.name] = got
+                    if not isinstance(d, Dim):
+                        conds.append(f"{got} != {int(d)}")
+                        self.atoms[(i, "extent", m)] = raw[(i, "extent", m)] = str(int(d))
+                        continue
+                    if d.name in first_use:
+                        conds.append(f"{got} != {first_use[d.name]}")
                     else:
-                        lines.append(f"    if {got} != {int(d)}: return None")
+                        first_use[d.name] = got
                     atom((i, "extent", m), got)
+                lines.append(f"    if {' or '.join(conds)}: return None")
+                lines.append(f"    t{i} = {v}.stride()")
+                conds = []
                 for m, st in enumerate(a.stride):
                     got = f"t{i}[{m}]"
-                    if isinstance(st, Dim):
-                        if st.divisibility > 1:
-                            lines.append(f"    if {got} % {int(st.divisibility)}: return None")
-                        if st.name in first_use:
-                            lines.append(f"    if {got} != {first_use[st.name]}: return None")
-                        else:
-                            first_use[st.name] = got
+                    if not isinstance(st, Dim):
+                        conds.append(f"{got} != {int(st)}")
+                        self.atoms[(i, "stride", m)] = raw[(i, "stride", m)] = str(int(st))
+                        continue
+                    if st.divisibility > 1:
+                        conds.append(f"{got} % {int(st.divisibility)}")
+                    if st.name in first_use:
+                        conds.append(f"{got} != {first_use[st.name]}")
                     else:
-                        lines.append(f"    if {got} != {int(st)} and s{i}[{m}] > 1: return None")
+                        first_use[st.name] = got
                     atom((i, "stride", m), got)
+                if conds:
+                    lines.append(f"    if {' or '.join(conds)}: return None")
             lines.append(f"    p{i} = {v}.data_ptr()")
             if a.align > 1:
                 lines.append(f"    if p{i} % {int(a.align)}: return None")

@@ -378,6 +378,11 @@ class KernelHandle:
         self._any_binder = any_state[1]
         self._has_workspace = bool(any_state[0].workspace)
         self._device_state: dict[int, tuple] = {}
+        # The hot path's checks: the binder of the first arch a device used, and the devices of
+        # that arch (a process with GPUs of two archs takes the checked path on the second).
+        self._fast_bind = _refuse
+        self._fast_arch: str | None = None
+        self._fast_devices: frozenset[int] = frozenset()
         self._workspaces: dict[tuple[int, int], list] = {}
         self._workspace_ptrs: dict[tuple[int, int], tuple[int, ...]] = {}
         self._resolved: dict[tuple, tuple] = {}
@@ -406,6 +411,10 @@ class KernelHandle:
                 )
             state = (*self._arch_state[arch], self.bundle.sm_count(device))
             self._device_state[device] = state
+            if self._fast_arch in (None, arch):
+                self._fast_arch = arch
+                self._fast_bind = state[1].fast_bind
+                self._fast_devices = self._fast_devices | {device}
         return state
 
     def _binder_for(self, values: tuple):
@@ -486,12 +495,8 @@ class KernelHandle:
         The hot path for a repeated call: the generated checks (`ArgBinder.fast_bind`), a dict
         lookup of the plan resolved for (device, sizes), per launch one generated struct pack,
         one field write (the stream) and the driver call."""
-        try:
-            binder = self._device_state[args[0].get_device()][1]
-        except (KeyError, IndexError, AttributeError, TypeError):
-            binder = self._binder_for(args)
-        bound = binder.fast_bind(args)
-        if bound is None:
+        bound = self._fast_bind(args)
+        if bound is None or bound[0] not in self._fast_devices:
             return self._call_checked(args, variant)
         device, sizes, atoms = bound
         launches = self._resolved.get((device, sizes, variant))
@@ -505,7 +510,7 @@ class KernelHandle:
                 try:
                     code = call(pack(atoms, scratch), None)
                 except struct.error:  # a value outside its C field (e.g. an int32 extent)
-                    binder.bind(args)  # raises the precise ArgumentError
+                    self._state(device)[1].bind(args)  # raises the precise ArgumentError
                     raise
                 if code:
                     driver.raise_launch_error(code, f"launching {self.key} ({name})")
@@ -538,6 +543,11 @@ class KernelHandle:
             scratch = tuple(t.data_ptr() for t in self.workspace(device, stream))
             self._workspace_ptrs[(device, stream)] = scratch
         return scratch
+
+
+def _refuse(values):
+    """The hot path's checks before any device is known: refuse, so the checked path runs."""
+    return None
 
 
 def _stream_getter():
