@@ -9,8 +9,8 @@
 #   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
-# STEP: tests | sanitizer | norms | moe | moe_sweep | act_quant | overhead | pdl | warmup. Logs go to $OUT (or
-# benchmarks/results). NVLink multicast stays off in every process started here.
+# STEP: tests | sanitizer | norms | moe | moe_sweep | act_quant | overhead | pdl | warmup. Logs go
+# to $OUT (or benchmarks/results). NVLink multicast stays off in every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
