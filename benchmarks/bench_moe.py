@@ -57,7 +57,8 @@ def combine_sweep(bundle, token_counts, out, env, copy_tbs) -> None:
     import torch._dynamo
 
     # one recompilation per shape; past the default limit dynamo would fall back to eager
-    for name in ("recompile_limit", "cache_size_limit"):
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 4096)
     compiled = torch.compile(torch_combine, dynamic=False)
