@@ -1,11 +1,17 @@
 """MoE dispatch and combine from a CPU-built bundle against a torch reference (eager, compile).
 
     python benchmarks/bench_moe.py BUNDLE
+    python benchmarks/bench_moe.py BUNDLE --combine-sweep [--sweep-tokens 1,2,4,8,16,32,64,128]
 
 BUNDLE: `rose-aot build benchmarks/manifests/moe.toml -o build/bench-moe.rosebundle`.
 GPU time per call, CUDA-graph replay, median (the torch reference is written to be capturable).
 Also times both dispatch variants forced at every token count to locate the decode/prefill
 crossover. Writes moe.json and moe.md to $OUT (or benchmarks/results).
+
+--combine-sweep runs only the decode-size combine comparison instead: every moe_combine point
+of the bundle (top-2/4/8) at each sweep token count, the plan's choice and every variant forced,
+against torch.compile specialised to each shape (dynamic=False). Writes moe-combine-sweep.json
+and moe-combine-sweep.md.
 """
 
 from __future__ import annotations
@@ -44,6 +50,76 @@ def torch_combine(y, positions, weights):
     return (rows * weights.unsqueeze(-1)).sum(1).to(y.dtype)
 
 
+def combine_sweep(bundle, token_counts, out, env, copy_tbs) -> None:
+    """Every moe_combine point of the bundle at decode sizes: plan, each variant forced, and
+    torch.compile compiled for each shape (its best case: no dynamic-shape kernels)."""
+    import torch
+    import torch._dynamo
+
+    # one recompilation per shape; past the default limit dynamo would fall back to eager
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 4096)
+    compiled = torch.compile(torch_combine, dynamic=False)
+    arch = bundle.arch_for_device(torch.cuda.current_device())
+    points = sorted(
+        (p["config"]["top_k"], p["config"]["hidden"], p["config"]["dtype"])
+        for p in bundle.index["points"]
+        if p["family"] == "moe_combine" and p["arch"] == arch
+    )
+    rows_out = []
+    for top_k, hidden, dtype in points:
+        combine = bundle.kernel("moe_combine", top_k=top_k, hidden=hidden, dtype=dtype)
+        variants = [v.name for v in combine.record(torch.cuda.current_device()).variants]
+        for tokens in token_counts:
+            gen = torch.Generator(device="cuda").manual_seed(tokens * 64 + top_k)
+            rows = tokens * top_k
+            y = torch.randn(rows, hidden, device="cuda", generator=gen).to(getattr(torch, dtype))
+            pos = torch.randperm(rows, device="cuda", generator=gen).view(tokens, top_k)
+            pos = pos.to(torch.int32)
+            w = torch.rand(tokens, top_k, device="cuda", generator=gen)
+            c_out = torch.empty(tokens, hidden, device="cuda", dtype=y.dtype)
+            plan = combine.plan(y, pos, w, c_out)
+            row = {"top_k": top_k, "hidden": hidden, "dtype": dtype, "tokens": tokens,
+                   "plan": plan[0].variant, "us": {}}
+            combine(y, pos, w, c_out)
+            row["us"]["combine"] = bench_us(lambda: combine(y, pos, w, c_out))
+            for variant in variants:
+                row["us"][f"combine_{variant}"] = bench_us(
+                    lambda: combine(y, pos, w, c_out, variant=variant)
+                )
+            compiled(y, pos, w)
+            row["us"]["combine_torch_compile"] = bench_us(lambda: compiled(y, pos, w))
+            print(f"K={top_k} H={hidden} T={tokens} plan={row['plan']} "
+                  + " ".join(f"{k}={v:.2f}" for k, v in row["us"].items()), flush=True)
+            rows_out.append(row)
+    with open(os.path.join(out, "moe-combine-sweep.json"), "w") as f:
+        json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows_out}, f, indent=1)
+    names = [k for k in rows_out[0]["us"] if k != "combine_torch_compile"] if rows_out else []
+    lines = [
+        f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, {env['date']}. µs per "
+        f"call, CUDA-graph replay, median; bf16 unless noted. torch.compile: dynamic=False, "
+        f"compiled for each shape. Speed-up = torch.compile / combine (plan).",
+        "",
+        "| top_k | hidden | tokens | plan | " + " | ".join(n.replace("combine_", "") for n in names)
+        + " | torch.compile | speed-up |",
+        "|---" * (len(names) + 6) + "|",
+    ]
+    for r in rows_out:
+        u = r["us"]
+        lines.append(
+            f"| {r['top_k']} | {r['hidden']} | {r['tokens']} | {r['plan']} | "
+            + " | ".join(f"{u[n]:.2f}" for n in names)
+            + f" | {u['combine_torch_compile']:.2f} | "
+            f"{u['combine_torch_compile'] / u['combine']:.2f}x |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(out, "moe-combine-sweep.md"), "w") as f:
+        f.write(text + "\n")
+
+
 def main() -> None:
     import torch
 
@@ -51,6 +127,10 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
+    parser.add_argument("--combine-sweep", action="store_true",
+                        help="only the combine comparison at decode sizes (top-2/4/8)")
+    parser.add_argument("--sweep-tokens", default="1,2,4,8,16,32,64,128",
+                        help="token counts of --combine-sweep (comma-separated)")
     args = parser.parse_args()
     out = out_dir(os.path.join(os.path.dirname(__file__), "results"))
     env = environment()
@@ -58,6 +138,10 @@ def main() -> None:
     print(f"{env} copy {copy_tbs:.3f} TB/s", flush=True)
     bundle = open_bundle(args.bundle)
     bundle.preload()
+    if args.combine_sweep:
+        tokens = [int(t) for t in args.sweep_tokens.split(",") if t.strip()]
+        combine_sweep(bundle, tokens, out, env, copy_tbs)
+        return
     dispatch_compiled = torch.compile(torch_dispatch)
     combine_compiled = torch.compile(torch_combine)
     rows_out = []

@@ -10,8 +10,8 @@
 #   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
-# STEP: tests | sanitizer | norms | norms_wide | moe | act_quant | overhead | pdl | warmup.
-# Logs go to $OUT (or benchmarks/results); GPU_TESTS narrows the tests step to some files.
+# STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | act_quant | overhead | pdl |
+# warmup. Logs go to $OUT (or benchmarks/results); GPU_TESTS narrows the tests step to some files.
 # NVLink multicast stays off in every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,6 +38,8 @@ for step in "$@"; do
                         --family rms_norm --hidden 5120,6144,8192 --name wide 2>&1 \
                         | tee "$OUT/bench-norms-wide.log" ;;
         moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
+        moe_sweep) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle --combine-sweep 2>&1 \
+                       | tee "$OUT/bench-moe-combine-sweep.log" ;;
         act_quant) python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle 2>&1 \
                        | tee "$OUT/bench-act-quant.log" ;;
         overhead) python3 benchmarks/launch_overhead.py build/bench-norms.rosebundle 2>&1 \

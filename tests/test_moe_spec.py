@@ -207,8 +207,8 @@ def test_combine_compiles_with_the_arch_widest_loads(arch):
     """128-bit row accesses on sm_90a; 256-bit (v8.b32) on sm_100a, where a bf16 row of 7168
     (14336 bytes) is a whole number of 32-byte vectors."""
     point = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), arch)
-    assert [v.name for v in point.record.variants] == ["decode", "prefill"]
-    assert list(point.artifacts) == ["decode", "prefill"]
+    assert [v.name for v in point.record.variants] == ["decode", "prefill", "split"]
+    assert list(point.artifacts) == ["decode", "prefill", "split"]
     width = "v8" if arch == "sm_100a" else "v4"
     for v in point.record.variants:
         ptx = point.artifacts[v.name][0]
@@ -219,3 +219,96 @@ def test_combine_compiles_with_the_arch_widest_loads(arch):
         else:  # every row access is 256-bit: no 128-bit row load or store is left
             assert "ld.global.v4.b32" not in ptx and "st.global.v4.b32" not in ptx, v.name
         assert not re.search(r"\.local", ptx)
+
+
+# --- moe_combine split variant (issue 10 item 4) ----------------------------------------------------
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("top_k, hidden", [(8, 7168), (2, 2048), (4, 6144), (1, 1000), (8, 16384)])
+def test_combine_split_covers_each_row_with_one_warp_blocks(arch, top_k, hidden):
+    a = ARCHS[arch]
+    c = COMBINE.make_config(top_k=top_k, hidden=hidden)
+    v = _variants(COMBINE, c, a)
+    split, decode, prefill = v["split"], v["decode"], v["prefill"]
+    s = split.constants
+    assert split.block == (32, 1, 1) and s["rows_per_block"] == 1 and s["vecs_per_thread"] == 1
+    chunk_elems = 32 * s["vec"]
+    assert s["chunks"] == -(-hidden // chunk_elems)  # every vector of the row, no block idle
+    assert (s["chunks"] - 1) * chunk_elems < hidden <= s["chunks"] * chunk_elems
+    assert split.pdl == decode.pdl > 0 and prefill.pdl == 0
+    assert decode.constants["chunks"] == prefill.constants["chunks"] == 1
+    assert split.params == decode.params == prefill.params
+
+
+def test_combine_plan_splits_rows_below_one_token_per_sm():
+    a = ARCHS["sm_90a"]  # 132 SMs
+    c = COMBINE.make_config(top_k=8, hidden=7168)
+    chunks = _variants(COMBINE, c, a)["split"].constants["chunks"]
+    assert chunks == 28  # 7168 bf16 = 896 vectors of 16 bytes, 32 per block
+    for tokens in (1, 2, 16, 64, 128, 131):
+        (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
+        assert (launch.variant, launch.grid) == ("split", (tokens * chunks, 1, 1)), tokens
+    (launch,) = _plan(COMBINE, c, a, {"tokens": 132})
+    assert (launch.variant, launch.grid) == ("decode", (132, 1, 1))
+    (launch,) = _plan(COMBINE, c, a, {"tokens": 8192})
+    assert launch.variant == "prefill"
+    assert _plan(COMBINE, c, a, {"tokens": 0}) == ()
+    assert _plan(COMBINE, c, a, {"tokens": 0}, "split") == ()
+
+
+def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid_at_one_wave():
+    c = COMBINE.make_config(top_k=8, hidden=7168)
+    variants = _variants(COMBINE, c, ARCHS["sm_90a"])
+    assert COMBINE.plan(c, variants, {"tokens": 100}, 132)[0].variant == "split"
+    assert COMBINE.plan(c, variants, {"tokens": 100}, 78)[0].variant == "decode"  # H20
+    # hidden 16384 bf16: 64 one-warp blocks per token; at most 32 resident blocks per SM
+    wide = COMBINE.make_config(top_k=8, hidden=16384)
+    wv = _variants(COMBINE, wide, ARCHS["sm_90a"])
+    assert wv["split"].constants["chunks"] == 64
+    assert COMBINE.plan(wide, wv, {"tokens": 66}, 132)[0].variant == "split"  # 4224 blocks
+    assert COMBINE.plan(wide, wv, {"tokens": 67}, 132)[0].variant == "decode"
+
+
+@pytest.mark.parametrize("force", ["decode", "prefill", "split"])
+def test_combine_every_variant_can_be_forced_at_any_size(force):
+    c = COMBINE.make_config(top_k=4, hidden=1024)
+    a = ARCHS["sm_90a"]
+    variants = _variants(COMBINE, c, a)
+    for tokens in (1, 3, 1000, 20011):
+        (launch,) = _plan(COMBINE, c, a, {"tokens": tokens}, force)
+        assert launch.variant == force
+        v = variants[force].constants
+        blocks_per_token = v["chunks"] if force == "split" else 1
+        tokens_per_block = v["rows_per_block"]
+        assert launch.grid == (-(-tokens // tokens_per_block) * blocks_per_token, 1, 1)
+    assert "split" in COMBINE.plan_choices
+    with pytest.raises(ConfigError, match="unknown variant 'fast'"):
+        _plan(COMBINE, c, a, {"tokens": 1}, "fast")
+
+
+@pytest.fixture(scope="module")
+def combine_ptx():
+    point = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), "sm_90a")
+    return {name: ptx for name, (ptx, _cubin) in point.artifacts.items()}
+
+
+@pytest.mark.parametrize("variant", ["decode", "prefill", "split"])
+def test_combine_reads_every_position_and_weight_before_any_row(combine_ptx, variant):
+    """Positions and weights are straight-line scalar loads issued together; every row load
+    comes after them, so no row load waits behind a branch on a later position."""
+    ptx = combine_ptx[variant]
+    body = ptx[ptx.index("griddepcontrol.wait") if variant != "prefill" else 0:]
+    scalar = [m.start() for m in re.finditer(r"ld\.global\.b32", body)]
+    rows = [m.start() for m in re.finditer(r"ld\.global\.v4\.b32", body)]
+    assert len(scalar) == 2 * 8 and rows
+    assert max(scalar) < min(rows)
+    assert not re.search(r"\bbra\b", body[min(scalar):max(scalar)]), "a branch between the reads"
+
+
+def test_combine_variants_do_the_same_arithmetic_per_element(combine_ptx):
+    """Bitwise-equal results across variants: each output element is one fp32 multiply then
+    top_k - 1 fused multiply-adds in the order k = 0..7, in every variant (the same body)."""
+    for name, ptx in combine_ptx.items():
+        muls = len(re.findall(r"\bmul(\.rn)?\.f32", ptx))
+        fmas = len(re.findall(r"\bfma\.rn\.f32", ptx))
+        adds = len(re.findall(r"\badd(\.rn)?\.f32", ptx))
+        assert muls > 0 and fmas == 7 * muls and adds == 0, (name, muls, fmas, adds)

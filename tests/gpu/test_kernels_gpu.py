@@ -2,6 +2,9 @@
 
 Run on the GPU machine with the bundle built elsewhere (the production flow):
     ROSE_AOT_TEST_BUNDLE=path/to/bundle.rosebundle python -m pytest tests/gpu -m gpu
+
+Inputs are drawn and the float64 references computed on the GPU (the references are plain torch
+and run where their tensors are), once per point and token count for all its variants.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def _args(handle):
 
 
 def _make_inputs(args, tokens, gen):
-    """Random inputs per the record's argument spec (contiguous, so aligned for any arch)."""
+    """Random inputs per the record's argument spec (contiguous, so aligned for any arch), on
+    the device of `gen`."""
     import torch
 
     tensors = []
@@ -56,9 +60,9 @@ def _make_inputs(args, tokens, gen):
         assert isinstance(arg, TensorArg)
         shape = [tokens if isinstance(d, Dim) else d for d in arg.shape]
         dtype = getattr(torch, arg.dtype)
-        t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        t = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device).to(dtype)
         if "weight" in arg.name:
-            t = (1.0 + 0.1 * torch.randn(shape, generator=gen)).to(dtype)
+            t = (1.0 + 0.1 * torch.randn(shape, generator=gen, device=gen.device)).to(dtype)
         tensors.append(t)
     return tensors
 
@@ -78,27 +82,29 @@ def _check(name, got, want, dtype):
         )
 
 
-def _run_point(bundle, family_name, config_values, tokens, variant, seed):
+def _run_point(bundle, family_name, config_values, tokens, variants, seed):
+    """Each of `variants` (None: the plan's choice) on the same inputs, against one reference."""
     import torch
 
     family = get_family(family_name)
     config = family.make_config(**config_values)
     handle = bundle.kernel(family_name, **config_values)
     args = _args(handle)
-    gen = torch.Generator().manual_seed(seed)
-    host = _make_inputs(args, tokens, gen)
-    expect = [t.clone() for t in host]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    inputs = _make_inputs(args, tokens, gen)
+    expect = [t.clone() for t in inputs]
     family.reference(config, *expect)
-    dev = [t.cuda() for t in host]
-    for arg, t in zip(args, dev):
-        if arg.role == "output":
-            t.fill_(float("nan"))  # pure outputs: poison so an unwritten element fails
-    handle(*dev, variant=variant)
-    torch.cuda.synchronize()
-    for arg, got, want in zip(args, dev, expect):
-        if arg.writes:
-            _check(f"{family.key(config)} T={tokens} {variant or 'auto'} {arg.name}", got.cpu(),
-                   want, arg.dtype)
+    for variant in variants:
+        dev = [t.clone() for t in inputs]  # in-place arguments start from the inputs each time
+        for arg, t in zip(args, dev):
+            if arg.role == "output":
+                t.fill_(float("nan"))  # pure outputs: poison so an unwritten element fails
+        handle(*dev, variant=variant)
+        torch.cuda.synchronize()
+        for arg, got, want in zip(args, dev, expect):
+            if arg.writes:
+                _check(f"{family.key(config)} T={tokens} {variant or 'auto'} {arg.name}", got,
+                       want, arg.dtype)
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
@@ -110,8 +116,8 @@ def test_every_point_against_reference(bundle, tokens):
     device = torch.cuda.current_device()
     for i, (family_name, config) in enumerate(points):
         record = bundle.kernel(family_name, **config).record(device)
-        for variant in [None] + [v.name for v in record.variants]:
-            _run_point(bundle, family_name, config, tokens, variant, seed=1000 * tokens + i)
+        variants = [None] + [v.name for v in record.variants]
+        _run_point(bundle, family_name, config, tokens, variants, seed=1000 * tokens + i)
 
 
 def test_qk_norm_on_views_of_a_fused_qkv_buffer(bundle):
@@ -151,9 +157,9 @@ def test_launch_is_captured_by_cuda_graphs(bundle):
     c = family.make_config(**config)
     handle = bundle.kernel(family_name, **config)
     args = _args(handle)
-    gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator(device="cuda").manual_seed(7)
     host = _make_inputs(args, 64, gen)
-    dev = [t.cuda() for t in host]
+    dev = [t.clone() for t in host]
     expect = [t.clone() for t in host]
     family.reference(c, *expect)
     out = dev[-1]
@@ -166,11 +172,11 @@ def test_launch_is_captured_by_cuda_graphs(bundle):
     with torch.cuda.graph(graph):
         handle(*inputs)
     for t, h in zip(inputs, host):
-        t.copy_(h.cuda())
+        t.copy_(h)
     inputs[-1].fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    _check("graph replay out", inputs[-1].cpu(), expect[-1], args[-1].dtype)
+    _check("graph replay out", inputs[-1], expect[-1], args[-1].dtype)
     del out
 
 

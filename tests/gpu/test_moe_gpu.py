@@ -1,8 +1,13 @@
 """MoE dispatch and combine from a CPU-built bundle against float64 references, on the GPU.
 
-Every moe_dispatch point of the bundle, both launch variants forced at every size, with random,
+Every moe_dispatch point of the bundle, every launch variant forced at every size, with random,
 skewed (all tokens to the same experts), sparse (most experts empty) and out-of-range routing.
 Rows inside an expert may come in any order, so outputs are checked through `positions`.
+Every moe_combine point, every variant forced and the plan's choice, bitwise equal to each other.
+
+Inputs are drawn and checked on the GPU, once per case for all its variants; the combine
+reference runs there too. The dispatch reference builds its routing on the CPU, so it gets the
+routing only (one-column stand-ins for the rows, whose copies are checked against x directly).
 """
 
 from __future__ import annotations
@@ -31,55 +36,81 @@ def _points(bundle, family):
 
 
 def _routing(kind, tokens, c, gen):
+    """topk_ids [tokens, top_k] int32 on the device of `gen`."""
     import torch
 
+    device = gen.device
     if kind == "skewed":  # every token picks experts 0..k-1 (of this rank): all load on k experts
-        base = torch.arange(c.top_k, dtype=torch.int32) + c.expert_start
+        base = torch.arange(c.top_k, dtype=torch.int32, device=device) + c.expert_start
         return base.repeat(tokens, 1)
     if kind == "sparse":  # only two experts in use
-        picks = torch.randint(0, 2, (tokens, c.top_k), generator=gen, dtype=torch.int32)
+        picks = torch.randint(0, 2, (tokens, c.top_k), generator=gen, dtype=torch.int32,
+                              device=device)
         return picks + c.expert_start
-    ids = torch.argsort(torch.rand(tokens, c.num_experts, generator=gen), dim=1)[:, : c.top_k]
-    ids = ids.to(torch.int32)
+    scores = torch.rand(tokens, c.num_experts, generator=gen, device=device)
+    ids = torch.argsort(scores, dim=1)[:, : c.top_k].to(torch.int32)
     if kind == "out_of_range":
         ids[::3, 0] = -1
         ids[1::5, -1] = c.num_experts + 5
     return ids
 
 
-def _dispatch_case(bundle, values, tokens, routing, variant):
+def _dispatch_inputs(c, tokens, routing):
+    """(x, topk_ids, x_scales or None) on the GPU, from a seed fixed per case."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens * 31 + len(routing))
+    x = torch.randn(tokens, c.hidden, generator=gen, device="cuda").to(getattr(torch, c.dtype))
+    ids = _routing(routing, tokens, c, gen)
+    scales = None
+    if c.scale_group:
+        groups = c.hidden // c.scale_group
+        scales = torch.rand(tokens, groups, generator=gen, device="cuda") + 0.5
+    return x, ids, scales
+
+
+def _dispatch_expected(family, c, tokens, x, ids):
+    """The reference's expert offsets and positions (on the GPU). The reference runs on the CPU
+    with one-column stand-ins for x, out and the scales: only its routing is compared."""
+    import torch
+
+    rows = family.max_rows(c, tokens) + 5
+    stand_ins = [torch.zeros(tokens, 1, dtype=x.dtype), ids.cpu()]
+    if c.scale_group:
+        stand_ins.append(torch.zeros(tokens, 1))
+    stand_ins.append(torch.zeros(rows, 1, dtype=x.dtype))
+    if c.scale_group:
+        stand_ins.append(torch.zeros(rows, 1))
+    offsets = torch.full((family.local(c) + 1,), -7, dtype=torch.int32)
+    positions = torch.full((tokens, c.top_k), -7, dtype=torch.int32)
+    family.reference(c, *stand_ins, offsets, positions)
+    return offsets.cuda(), positions.cuda()
+
+
+def _dispatch_run(bundle, values, c, tokens, routing, variant, inputs, expected):
+    """One launch on fresh poisoned outputs, checked; returns (arguments, outputs by name)."""
     import torch
 
     family = get_family("moe_dispatch")
-    c = family.make_config(**values)
-    gen = torch.Generator().manual_seed(tokens * 31 + len(routing))
-    e_local = family.local(c)
-    x = torch.randn(tokens, c.hidden, generator=gen).to(getattr(torch, c.dtype))
-    ids = _routing(routing, tokens, c, gen)
+    x, ids, scales = inputs
+    ref_offsets, ref_pos = expected
     rows = family.max_rows(c, tokens) + 5
-    host = [x, ids]
-    if c.scale_group:
-        host.append(torch.rand(tokens, c.hidden // c.scale_group, generator=gen) + 0.5)
-    out = torch.full((rows, c.hidden), float("nan")).to(x.dtype)
-    host.append(out)
-    if c.scale_group:
-        host.append(torch.full((rows, c.hidden // c.scale_group), float("nan")))
-    host += [torch.full((e_local + 1,), -7, dtype=torch.int32),
-             torch.full((tokens, c.top_k), -7, dtype=torch.int32)]
-    expect = [t.clone() for t in host]
-    family.reference(c, *expect)
-    dev = [t.cuda() for t in host]
+    dev = [x, ids] + ([scales] if scales is not None else [])
+    dev.append(torch.full((rows, c.hidden), float("nan"), device="cuda").to(x.dtype))
+    if scales is not None:
+        dev.append(torch.full((rows, scales.shape[1]), float("nan"), device="cuda"))
+    dev += [torch.full((family.local(c) + 1,), -7, dtype=torch.int32, device="cuda"),
+            torch.full((tokens, c.top_k), -7, dtype=torch.int32, device="cuda")]
     handle = bundle.kernel("moe_dispatch", **values)
     handle(*dev, variant=variant)
     torch.cuda.synchronize()
-    got = [t.cpu() for t in dev]
     where = f"{family.key(c)} T={tokens} {routing} {variant}"
     # The argument order the handle took them in: its record for this device's arch.
     names = [a.name for a in handle.record(torch.cuda.current_device()).args]
     assert len(names) == len(dev), where
-    g, e = dict(zip(names, got)), dict(zip(names, expect))
-    assert torch.equal(g["expert_offsets"], e["expert_offsets"]), where
-    pos, ref_pos = g["positions"], e["positions"]
+    g = dict(zip(names, dev))
+    assert torch.equal(g["expert_offsets"], ref_offsets), where
+    pos = g["positions"]
     assert torch.equal(pos < 0, ref_pos < 0), f"{where}: skipped pairs differ"
     valid = pos >= 0
     # each copy lands inside its own expert's segment, every row used once
@@ -90,64 +121,139 @@ def _dispatch_case(bundle, values, tokens, routing, variant):
     seg_lo, seg_hi = offsets[local[valid]], offsets[local[valid] + 1]
     assert ((rows_used >= seg_lo) & (rows_used < seg_hi)).all(), f"{where}: row outside its expert"
     # the copies are bitwise the token rows; padding is zero; rows past the end untouched
-    t_idx = torch.arange(tokens).unsqueeze(1).expand_as(pos)[valid]
+    t_idx = torch.arange(tokens, device="cuda").unsqueeze(1).expand_as(pos)[valid]
     assert torch.equal(g["out"][rows_used].view(torch.uint8), x[t_idx].view(torch.uint8)), where
-    used = torch.zeros(rows, dtype=torch.bool)
+    used = torch.zeros(rows, dtype=torch.bool, device="cuda")
     used[rows_used] = True
     total = int(offsets[-1])
     pad = ~used[:total]
     assert (g["out"][:total][pad].float() == 0).all(), f"{where}: padding not zeroed"
     assert g["out"][total:].float().isnan().all(), f"{where}: wrote past the used rows"
     if c.scale_group:
-        assert torch.equal(g["out_scales"][rows_used], host[2][t_idx]), f"{where}: scales"
+        assert torch.equal(g["out_scales"][rows_used], scales[t_idx]), f"{where}: scales"
         assert (g["out_scales"][:total][pad] == 0).all(), f"{where}: scale padding"
     return dev, g
+
+
+def _dispatch_case(bundle, values, tokens, routing, variant):
+    family = get_family("moe_dispatch")
+    c = family.make_config(**values)
+    inputs = _dispatch_inputs(c, tokens, routing)
+    expected = _dispatch_expected(family, c, tokens, inputs[0], inputs[1])
+    return _dispatch_run(bundle, values, c, tokens, routing, variant, inputs, expected)
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("routing", ROUTINGS)
 def test_dispatch_every_point(bundle, tokens, routing):
+    family = get_family("moe_dispatch")
     points = _points(bundle, "moe_dispatch")
     assert points, "the bundle has no moe_dispatch point"
     for values in points:
-        for variant in ("decode", "prefill"):
-            _dispatch_case(bundle, values, tokens, routing, variant)
+        c = family.make_config(**values)
+        inputs = _dispatch_inputs(c, tokens, routing)
+        expected = _dispatch_expected(family, c, tokens, inputs[0], inputs[1])
+        for variant in family.plan_choices:
+            _dispatch_run(bundle, values, c, tokens, routing, variant, inputs, expected)
+
+
+def _combine_inputs(c, tokens):
+    """(y, positions, weights) on the GPU: distinct rows, a copy on another rank (-1) every
+    fourth token, a position past the last row every fifth."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens + c.top_k)
+    rows = tokens * c.top_k + 3
+    y = torch.randn(rows, c.hidden, generator=gen, device="cuda").to(getattr(torch, c.dtype))
+    pos = torch.randperm(rows, generator=gen, device="cuda")[: tokens * c.top_k]
+    pos = pos.view(tokens, c.top_k).to(torch.int32)
+    pos[::4, 0] = -1
+    pos[1::5, -1] = rows + 7
+    w = torch.rand(tokens, c.top_k, generator=gen, device="cuda")
+    return y, pos, w
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
-def test_combine_every_point_bitwise_repeatable(bundle, tokens):
+def test_combine_every_point_every_variant_bitwise_equal(bundle, tokens):
+    """Each variant forced and the plan's choice: outputs fully written, within half an ulp
+    of bf16 of the unrounded float64 reference, bitwise repeatable and bitwise equal across
+    variants (one body, one summation order)."""
     import torch
 
     family = get_family("moe_combine")
     points = _points(bundle, "moe_combine")
     assert points, "the bundle has no moe_combine point"
+    device = torch.cuda.current_device()
     for values in points:
         c = family.make_config(**values)
-        gen = torch.Generator().manual_seed(tokens + c.top_k)
-        rows = tokens * c.top_k + 3
-        y = torch.randn(rows, c.hidden, generator=gen).to(getattr(torch, c.dtype))
-        pos = torch.randperm(rows, generator=gen)[: tokens * c.top_k].view(tokens, c.top_k)
-        pos = pos.to(torch.int32)
-        pos[::4, 0] = -1  # a copy on another rank
-        w = torch.rand(tokens, c.top_k, generator=gen)
-        out = torch.full((tokens, c.hidden), float("nan")).to(y.dtype)
+        y, pos, w = _combine_inputs(c, tokens)
         # unrounded float64 reference: the kernel rounds once to bf16 (half an ulp)
-        expect = torch.empty(tokens, c.hidden, dtype=torch.float64)
+        expect = torch.empty(tokens, c.hidden, dtype=torch.float64, device="cuda")
         family.reference(c, y, pos, w, expect)
-        dev = [t.cuda() for t in (y, pos, w, out)]
+        out = torch.empty(tokens, c.hidden, dtype=y.dtype, device="cuda")
         handle = bundle.kernel("moe_combine", **values)
-        for variant in ("decode", "prefill"):
-            dev[3].fill_(float("nan"))
-            handle(*dev, variant=variant)
-            first = dev[3].clone()
-            dev[3].fill_(float("nan"))
-            handle(*dev, variant=variant)
+        variants = [v.name for v in handle.record(device).variants]
+        assert set(variants) == set(family.plan_choices), variants
+        baseline = None
+        for variant in [None, *variants]:
+            where = f"{family.key(c)} T={tokens} {variant or 'auto'}"
+            out.fill_(float("nan"))
+            handle(y, pos, w, out, variant=variant)
+            first = out.clone()
+            out.fill_(float("nan"))
+            handle(y, pos, w, out, variant=variant)
             torch.cuda.synchronize()
-            assert torch.equal(first, dev[3]), f"{family.key(c)} {variant}: not bitwise repeatable"
-            got = first.cpu().double()
-            assert not got.isnan().any(), f"{family.key(c)} {variant}: unwritten output"
-            err = ((got - expect.double()).abs() / expect.double().abs().clamp(min=1)).max()
-            assert err < 2**-7, f"{family.key(c)} T={tokens} {variant}: error {err}"
+            assert torch.equal(first, out), f"{where}: not bitwise repeatable"
+            got = first.double()
+            assert not got.isnan().any(), f"{where}: unwritten output"
+            err = ((got - expect).abs() / expect.abs().clamp(min=1)).max()
+            assert err < 2**-7, f"{where}: error {err}"
+            if baseline is None:
+                baseline = first
+            else:
+                bad = (first.view(torch.int16) != baseline.view(torch.int16)).nonzero()
+                assert bad.numel() == 0, (
+                    f"{where}: differs from the plan's choice; first bad index {bad[0].tolist()}"
+                )
+
+
+def test_combine_chain_with_programmatic_dependent_launch(bundle):
+    """Two combines back to back, the second reading the first's output. At one token the
+    split and decode launches carry the PDL attribute, so the second starts before the first
+    ends and must wait for its writes (griddepcontrol.wait): poisoned before each chain, the
+    intermediate would turn the result into NaN if it were read early."""
+    import torch
+
+    family = get_family("moe_combine")
+    device = torch.cuda.current_device()
+    for values in _points(bundle, "moe_combine"):
+        c = family.make_config(**values)
+        handle = bundle.kernel("moe_combine", **values)
+        record = handle.record(device)
+        y, pos, w = _combine_inputs(c, 1)
+        mid = torch.empty(1, c.hidden, dtype=y.dtype, device="cuda")
+        pos2 = torch.zeros(1, c.top_k, dtype=torch.int32, device="cuda")  # k copies of mid[0]
+        w2 = torch.rand(1, c.top_k, generator=torch.Generator().manual_seed(3)).cuda()
+        out = torch.empty_like(mid)
+        for variant in ("split", "decode"):
+            (launch,) = handle.plan(y, pos, w, mid, variant=variant)
+            v = record.variant(variant)
+            grid = launch.grid[0] * launch.grid[1] * launch.grid[2]
+            assert 0 < grid * v.threads <= v.pdl, f"{variant}: no PDL at one token"
+            mid.fill_(float("nan"))
+            handle(y, pos, w, mid, variant=variant)
+            torch.cuda.synchronize()
+            handle(mid, pos2, w2, out, variant=variant)
+            torch.cuda.synchronize()
+            expect = out.clone()
+            assert not expect.isnan().any()
+            for _ in range(20):
+                mid.fill_(float("nan"))
+                out.fill_(float("nan"))
+                handle(y, pos, w, mid, variant=variant)
+                handle(mid, pos2, w2, out, variant=variant)
+            torch.cuda.synchronize()
+            assert torch.equal(out, expect), f"{family.key(c)} {variant}: PDL chain differs"
 
 
 def test_dispatch_then_combine_is_order_independent(bundle):
@@ -179,8 +285,6 @@ def test_decode_dispatch_replays_in_a_cuda_graph(bundle):
     import torch
 
     values = _points(bundle, "moe_dispatch")[0]
-    family = get_family("moe_dispatch")
-    c = family.make_config(**values)
     handle = bundle.kernel("moe_dispatch", **values)
     dev, _ = _dispatch_case(bundle, values, 64, "random", "decode")  # warm-up: workspace exists
     stream = torch.cuda.Stream()
@@ -198,4 +302,3 @@ def test_decode_dispatch_replays_in_a_cuda_graph(bundle):
     torch.cuda.synchronize()
     assert torch.equal(dev[-2], offsets_before)
     assert (dev[-1] != -7).all(), "positions not rewritten by the replays"
-    del c

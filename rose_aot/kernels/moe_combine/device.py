@@ -1,4 +1,6 @@
-"""CuTeDSL device code of moe_combine (see moe_combine.py)."""
+"""CuTeDSL device code of moe_combine (see family.py). One kernel body for every variant: a
+block covers `rows_per_block` tokens, or one chunk of one token's row when the variant splits
+rows (`chunks` > 1), so decode, prefill and split compute each element the same way."""
 
 from __future__ import annotations
 
@@ -19,11 +21,15 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
     warps = variant.constants["warps_per_row"]
     rows = variant.constants["rows_per_block"]
     per_thread = variant.constants["vecs_per_thread"]
+    chunks = variant.constants["chunks"]
     K = config.top_k
     vec = variant.constants["vec"]
     vectors = config.hidden // vec
     row_threads = 32 * warps
-    exact = vectors == row_threads * per_thread
+    chunk_vectors = row_threads * per_thread  # vectors of a row one block covers
+    if chunks > 1 and rows != 1:
+        raise ValueError(f"moe_combine {variant.name}: a split row needs one token per block")
+    exact = vectors == chunks * chunk_vectors
     dtype = cutlass_dtype(config.dtype)
     block = list(variant.block)
     pdl = variant.pdl
@@ -34,25 +40,35 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
         pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        t = bidx * rows + tidx // row_threads
-        lane = tidx % row_threads
-        valid = t < mO.shape[0]
+        if const_expr(chunks == 1):
+            t = bidx * rows + tidx // row_threads
+            first = tidx % row_threads
+        else:
+            t = bidx // chunks
+            first = (bidx % chunks) * chunk_vectors + tidx
+        tokens = mO.shape[0]
+        valid = t < tokens
         n_rows = mY.shape[0]
-        # Every k's loads are issued before any accumulation (independent requests in flight);
-        # then the sum runs in fp32 in the fixed order k = 0..top_k-1.
+        # Every position and weight is read first, unconditionally (a block past the last token
+        # reads the last token's and writes nothing), so the reads are straight-line code, all
+        # in flight together; then every k's row loads are issued before any accumulation, and
+        # the sum runs in fp32 in the fixed order k = 0..top_k-1.
+        t_in = cutlass.min(t, tokens - 1)
+        tPos = cute.make_rmem_tensor(K, Int32)
+        weights = cute.make_rmem_tensor(K, Float32)
+        for k in cutlass.range_constexpr(K):
+            tPos[k] = mPos[t_in, k]
+            weights[k] = mW[t_in, k]
         tYrY = cute.make_rmem_tensor((vec, per_thread, K), dtype)
         tYrY.fill(0)
-        weights = cute.make_rmem_tensor(K, Float32)
-        weights.fill(0.0)
         for k in cutlass.range_constexpr(K):
-            p = Int32(-1)
-            if valid:
-                p = mPos[t, k]
-            if p >= 0 and p < n_rows:
-                weights[k] = mW[t, k]
+            p = tPos[k]
+            ok = p >= 0 and p < n_rows
+            weights[k] = cutlass.select_(ok, weights[k], Float32(0.0))  # a missing copy adds +0
+            if ok:
                 gY = cute.zipped_divide(mY[p, None], (vec,))
                 for i in cutlass.range_constexpr(per_thread):
-                    j = lane + i * row_threads
+                    j = first + i * row_threads
                     if const_expr(exact):
                         cute.autovec_copy(gY[(None, j)], tYrY[None, i, k])
                     else:
@@ -66,7 +82,7 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
         if valid:
             gO = cute.zipped_divide(mO[t, None], (vec,))
             for i in cutlass.range_constexpr(per_thread):
-                j = lane + i * row_threads
+                j = first + i * row_threads
                 if const_expr(exact):
                     cute.autovec_copy(tOrO[None, i], gO[(None, j)])
                 else:

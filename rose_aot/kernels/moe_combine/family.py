@@ -9,6 +9,9 @@ outputs of the ranks are then summed by an all-reduce (a separate kernel).
 
 Work split as rms_norm's: a row of the output over whole warps, the arch's widest accesses;
 decode keeps one token per block with few vectors per thread, prefill several tokens per block.
+Below one token per SM, split gives each token's row to several one-warp blocks (grid = tokens x
+chunks of the row), so a decode step's few tokens use every SM (see tuning.py). All three run
+the same device code, so their results are bitwise equal.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ...errors import ConfigError
 from ..base import KernelFamily, choice
 from ..rowwise import access_bytes, row_align, row_plan, row_split, vector_width
 from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
+from . import tuning
 
 __all__ = ["MoeCombineConfig", "MoeCombine"]
 
@@ -42,6 +46,7 @@ class MoeCombine(KernelFamily):
     name = "moe_combine"
     Config = MoeCombineConfig
     device_module = "rose_aot.kernels.moe_combine.device"
+    plan_choices = ("decode", "prefill", "split")
 
     def validate(self, c: MoeCombineConfig) -> None:
         if not 1 <= c.top_k <= 32:
@@ -73,13 +78,16 @@ class MoeCombine(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows, pdl=0):
+        def variant(name, warps, per_thread, rows, chunks=1, pdl=0, **extra):
             constants = {
                 "rows_per_block": rows,
                 "warps_per_row": warps,
                 "vecs_per_thread": per_thread,
                 "vec": vec,
+                # blocks per token, each owning `32 x warps x per_thread` vectors of the row
+                "chunks": chunks,
                 "decode_warps_per_sm": DECODE_WARPS_PER_SM,
+                **extra,
             }
             return Variant(name, (32 * warps * rows, 1, 1), 0, params, constants, pdl=pdl)
 
@@ -88,11 +96,32 @@ class MoeCombine(KernelFamily):
         )
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         prefill = variant("prefill", warps, per_thread, max(1, PREFILL_WARPS // warps))
-        return (decode, prefill)
+        chunk = 32 * tuning.SPLIT_WARPS
+        split = variant(
+            "split",
+            tuning.SPLIT_WARPS,
+            1,
+            1,
+            chunks=-(-vectors // chunk),
+            pdl=PDL_MAX_THREADS,
+            split_max_tokens_per_sm=tuning.SPLIT_MAX_TOKENS_PER_SM,
+            split_max_blocks_per_sm=tuning.SPLIT_MAX_BLOCKS_PER_SM,
+        )
+        return (decode, prefill, split)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        decode = variants["decode"].constants
         tokens = sizes["tokens"]
+        split = variants["split"].constants
+        if force is None:  # see tuning.py
+            use_split = (
+                tokens < sm_count * split["split_max_tokens_per_sm"]
+                and tokens * split["chunks"] <= sm_count * split["split_max_blocks_per_sm"]
+            )
+        else:
+            use_split = force == "split"
+        if use_split:
+            return (Launch("split", (tokens * split["chunks"], 1, 1)),) if tokens else ()
+        decode = variants["decode"].constants
         use_decode = tokens * decode["warps_per_row"] <= sm_count * decode["decode_warps_per_sm"]
         return row_plan(variants, tokens, force, use_decode)
