@@ -50,7 +50,10 @@ def main(path: str) -> None:
                 print(f"ok {handle.key} {variant} T={tokens}", flush=True)
             continue
         args = handle.record(device).args  # the call arguments the handle checks, in order
-        for variant, tokens in (("decode", 3), ("prefill", 1001)):
+        runs = [("decode", 3), ("prefill", 1001)]
+        if "small" in family.plan_choices:  # moe_dispatch: redundant routing, no barrier
+            runs.insert(0, ("small", 3))
+        for variant, tokens in runs:
             if point["family"] == "moe_dispatch" and tokens > 3:
                 tokens = 301  # prefill route + copy
             gen = torch.Generator().manual_seed(tokens)

@@ -43,6 +43,12 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     smem = variant.smem
     reg_pairs = variant.constants.get("register_pairs", 0)
     pdl = variant.pdl
+    # small variant: a unit of work is U vectors per lane of one row slice of 32 * U vectors
+    U = variant.constants.get("vecs_per_lane", 1)
+    units_per_row = -(-V // (32 * U))
+    max_pairs = variant.constants.get("max_pairs", 0)
+    rank_chunks = -(-max_pairs // 32)
+    search_steps = (E - 1).bit_length()  # binary search over E experts
 
     @cute.jit
     def count_pairs(mIds, mPos, sCount, first, step):
@@ -151,7 +157,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                     mCounts[e] = Int32(0)  # leave the workspace zero for the next launch
 
     @cute.jit
-    def body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart):
+    def large_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart):
         pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -204,6 +210,187 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         if const_expr(phase == "copy"):
             copy_rows(mX, mXs, mOut, mOutS, mOffsets, mPos, mCounts, mPadStart,
                       bidx * warps + tidx // 32, blocks * warps, True)
+
+    # --- small variant: every block routes the few pairs itself --------------------------------
+    @cute.jit
+    def rank_pairs(mIds, sCount, sExp, sRank):
+        """Warp 0: each pair's local expert (or -1) and its rank among the pairs of that expert
+        in (token, k) order, and the per-expert counts. Deterministic, so every block of the
+        grid computes the same rows: pairs go 32 at a time; match.any groups the lanes of one
+        expert, the lowest lane of a group adds the group's size to the expert's count, and each
+        lane's rank is the count before plus the lanes of its group below it."""
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = tidx % 32
+        pairs = mIds.shape[0] * K
+        if tidx < 32:
+            rKey = cute.make_rmem_tensor(rank_chunks, Int32)
+            for c in cutlass.range_constexpr(rank_chunks):
+                i = c * 32 + lane
+                rKey[c] = Int32(-1)
+                if i < pairs:
+                    ident = mIds[i // K, i % K]
+                    e = ident - e0
+                    if ident >= 0 and ident < n_experts and e >= 0 and e < E:
+                        rKey[c] = e
+            below_mask = cute.arch.lanemask_lt()
+            for c in cutlass.range_constexpr(rank_chunks):
+                if c * 32 < pairs:
+                    key = rKey[c]
+                    peers = cute.arch.match_sync(Int32(-1), key, "any")
+                    below = Int32(cute.arch.popc(peers & below_mask))
+                    base = Int32(0)
+                    if key >= 0:
+                        base = sCount[key]
+                    cute.arch.sync_warp()
+                    if key >= 0 and below == 0:
+                        sCount[key] = base + Int32(cute.arch.popc(peers))
+                    cute.arch.sync_warp()
+                    i = c * 32 + lane
+                    if i < pairs:
+                        sExp[i] = key
+                        sRank[i] = base + below
+
+    @cute.jit
+    def scan_small(sCount, sOffset, sPad, sWarp, mOffsets, write_out):
+        """sOffset[e] = first row of expert e; sPad[e] = padding rows of the experts before e
+        (sPad[E] = all padding rows). Only block 0 writes expert_offsets."""
+        tidx, _, _ = cute.arch.thread_idx()
+        mine = Int32(0)
+        pad_mine = Int32(0)
+        for j in cutlass.range_constexpr(per_thread):
+            e = tidx * per_thread + j
+            if e < E:
+                n = sCount[e]
+                padded = (n + (align - 1)) // align * align
+                mine = mine + padded
+                pad_mine = pad_mine + padded - n
+        start, total = block_exclusive_sum(mine, sWarp, threads)
+        pad_start = Int32(0)
+        pad_total = Int32(0)
+        if const_expr(align > 1):
+            pad_start, pad_total = block_exclusive_sum(pad_mine, sWarp, threads)
+        for j in cutlass.range_constexpr(per_thread):
+            e = tidx * per_thread + j
+            if e < E:
+                n = sCount[e]
+                padded = (n + (align - 1)) // align * align
+                sOffset[e] = start
+                sPad[e] = pad_start
+                if write_out:
+                    mOffsets[e] = start
+                start = start + padded
+                pad_start = pad_start + padded - n
+        if tidx == 0:
+            sOffset[E] = total
+            sPad[E] = pad_total
+            if write_out:
+                mOffsets[E] = total
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def load_slice(mX, t, s, tXrX):
+        """Slice s of row t: lane l holds vectors s*32U + i*32 + l (i < U)."""
+        lane = cute.arch.thread_idx()[0] % 32
+        gX = cute.zipped_divide(mX[t, None], (vec,))
+        for i in cutlass.range_constexpr(U):
+            j = s * (32 * U) + i * 32 + lane
+            if j < V:
+                cute.autovec_copy(gX[(None, j)], tXrX[None, i])
+
+    @cute.jit
+    def store_slice(tXrX, mOut, row, s):
+        lane = cute.arch.thread_idx()[0] % 32
+        gO = cute.zipped_divide(mOut[row, None], (vec,))
+        for i in cutlass.range_constexpr(U):
+            j = s * (32 * U) + i * 32 + lane
+            if j < V:
+                cute.autovec_copy(tXrX[None, i], gO[(None, j)])
+
+    @cute.jit
+    def copy_unit(mX, mXs, mOut, mOutS, t, row, s, tXrX):
+        store_slice(tXrX, mOut, row, s)
+        if const_expr(G > 0):
+            if s == 0:
+                for g in cutlass.range(cute.arch.thread_idx()[0] % 32, G, 32):
+                    mOutS[row, g] = mXs[t, g]
+
+    @cute.jit
+    def small_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos):
+        pdl_prologue(pdl)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        blocks = cute.arch.grid_dim()[0]
+        warp = tidx // 32
+        lane = tidx % 32
+        alloc = SharedMemory(smem, f"moe_dispatch {variant.name}")
+        sCount = alloc.tensor(Int32, E + 1)
+        sOffset = alloc.tensor(Int32, E + 1)
+        sPad = alloc.tensor(Int32, E + 1)
+        sExp = alloc.tensor(Int32, max_pairs)
+        sRank = alloc.tensor(Int32, max_pairs)
+        sWarp = alloc.tensor(Int32, warps)
+        pairs = mIds.shape[0] * K
+        copies = pairs * units_per_row
+        stride = blocks * warps
+        first = bidx * warps + warp
+        # The token row a warp copies first does not depend on the routing: load it now.
+        tXrX = cute.make_rmem_tensor((vec, U), dtype)
+        if first < copies:
+            load_slice(mX, first // units_per_row // K, first % units_per_row, tXrX)
+        for e in cutlass.range(tidx, E, threads):
+            sCount[e] = Int32(0)
+        cute.arch.sync_threads()
+        rank_pairs(mIds, sCount, sExp, sRank)
+        cute.arch.sync_threads()
+        scan_small(sCount, sOffset, sPad, sWarp, mOffsets, bidx == 0)
+        if bidx == 0:
+            for i in cutlass.range(tidx, pairs, threads):
+                key = sExp[i]
+                row = Int32(-1)
+                if key >= 0:
+                    row = sOffset[key] + sRank[i]
+                mPos[i // K, i % K] = row
+        if first < copies:
+            p = first // units_per_row
+            key = sExp[p]
+            if key >= 0:
+                copy_unit(mX, mXs, mOut, mOutS, p // K, sOffset[key] + sRank[p],
+                          first % units_per_row, tXrX)
+        for u in cutlass.range(first + stride, copies, stride):
+            p = u // units_per_row
+            key = sExp[p]
+            if key >= 0:
+                load_slice(mX, p // K, u % units_per_row, tXrX)
+                copy_unit(mX, mXs, mOut, mOutS, p // K, sOffset[key] + sRank[p],
+                          u % units_per_row, tXrX)
+        if const_expr(align > 1):
+            tZ = cute.make_rmem_tensor((vec, U), dtype)
+            tZ.fill(0)
+            for u in cutlass.range(first, sPad[E] * units_per_row, stride):
+                q = u // units_per_row
+                s = u % units_per_row
+                lo = Int32(0)
+                hi = Int32(E)
+                for _ in cutlass.range_constexpr(search_steps):
+                    if hi - lo > 1:
+                        mid = (lo + hi) // 2
+                        if sPad[mid] <= q:
+                            lo = mid
+                        else:
+                            hi = mid
+                row = sOffset[lo] + sCount[lo] + q - sPad[lo]
+                store_slice(tZ, mOut, row, s)
+                if const_expr(G > 0):
+                    if s == 0:
+                        for g in cutlass.range(lane, G, 32):
+                            mOutS[row, g] = cutlass.Float32(0.0)
+
+    @cute.jit
+    def body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart):
+        if const_expr(phase == "small"):
+            small_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos)
+        else:
+            large_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart)
 
     @cute.kernel
     def dispatch_kernel(mX: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
