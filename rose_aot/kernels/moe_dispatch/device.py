@@ -5,7 +5,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, const_expr
+from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
 from ..device_utils import (
@@ -15,6 +15,8 @@ from ..device_utils import (
     grid_barrier,
     pdl_prologue,
 )
+from ..fp8_group_quant.device import butterfly_max, ue8m0_scale
+from ..fp8_group_quant.family import FP8_MAX
 from ..spec import Variant
 from .family import MoeDispatchConfig
 
@@ -32,7 +34,14 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     H = config.hidden
     vec = variant.constants["vec"]
     V = H // vec
-    G = H // config.scale_group if config.scale_group else 0
+    scale_group = getattr(config, "scale_group", 0)
+    G = H // scale_group if scale_group else 0  # float8 tokens: scales copied with their rows
+    # moe_dispatch_fp8_quant: rows quantized on the way (fp8_group_quant's rule), a group being
+    # `lanes` consecutive lanes' vectors; out is e4m3 and out_scales [rows, hidden / group]
+    lanes = variant.constants.get("group_lanes", 0)
+    quant = lanes > 0
+    eps = float(config.eps) if quant else 0.0
+    ue8m0 = bool(config.ue8m0) if quant else False
     align = config.expert_alignment
     e0 = config.expert_start
     n_experts = config.num_experts
@@ -49,6 +58,46 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     max_pairs = variant.constants.get("max_pairs", 0)
     rank_chunks = -(-max_pairs // 32)
     search_steps = (E - 1).bit_length()  # binary search over E experts
+
+    @cute.jit
+    def emit(tXrX, mOut, mOutS, row, base, n: cutlass.Constexpr, static_base: cutlass.Constexpr):
+        """Store vectors base + i*32 + lane (i < n) of a token row into row `row` of out; with
+        quantization, each vector's group scale (fp8_group_quant's rule, bit for bit) goes to
+        out_scales. The whole warp calls it (group maxima are warp shuffles). `static_base`:
+        base is that compile-time value (vectors past the row are then skipped statically)."""
+        lane = cute.arch.thread_idx()[0] % 32
+        gO = cute.zipped_divide(mOut[row, None], (vec,))
+        if const_expr(quant):
+            tQrQ = cute.make_rmem_tensor((vec, n), cutlass.Float8E4M3FN)
+            for i in cutlass.range_constexpr(n):
+                if const_expr(static_base < 0 or static_base + i * 32 < V):
+                    tYrY = cute.make_rmem_tensor((vec,), Float32)
+                    tYrY.store(tXrX[None, i].load().to(Float32))
+                    amax = Float32(0.0)
+                    for k in cutlass.range_constexpr(vec):
+                        amax = cute.arch.fmax(amax, cute.math.absf(tYrY[k]))
+                    amax = butterfly_max(amax, lanes)
+                    m = cute.arch.fmax(amax, Float32(eps))
+                    if const_expr(ue8m0):
+                        scale = ue8m0_scale(m)
+                    else:
+                        scale = m / Float32(FP8_MAX)
+                    for k in cutlass.range_constexpr(vec):
+                        tYrY[k] = tYrY[k] / scale
+                    j = base + i * 32 + lane
+                    if j < V and lane % lanes == 0:
+                        mOutS[row, j // lanes] = scale
+                    tQrQ[None, i].store(tYrY.load().to(cutlass.Float8E4M3FN))
+            for i in cutlass.range_constexpr(n):
+                if const_expr(static_base < 0 or static_base + i * 32 < V):
+                    j = base + i * 32 + lane
+                    if j < V:
+                        cute.autovec_copy(tQrQ[None, i], gO[(None, j)])
+        else:
+            for i in cutlass.range_constexpr(n):
+                j = base + i * 32 + lane
+                if j < V:
+                    cute.autovec_copy(tXrX[None, i], gO[(None, j)])
 
     @cute.jit
     def count_pairs(mIds, mPos, sCount, first, step):
@@ -124,6 +173,8 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         lane = tidx % 32
         pairs = mPos.shape[0] * K
         tXrX = cute.make_rmem_tensor((vec, COPY_CHUNK), dtype)
+        if const_expr(quant):
+            tXrX.fill(0)
         for w in cutlass.range(first_warp, pairs + E, warp_step):
             if w < pairs:
                 t = w // K
@@ -136,10 +187,14 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                             j = lane + (c * COPY_CHUNK + i) * 32
                             if j < V:
                                 cute.autovec_copy(gX[(None, j)], tXrX[None, i])
-                        for i in cutlass.range_constexpr(COPY_CHUNK):
-                            j = lane + (c * COPY_CHUNK + i) * 32
-                            if j < V:
-                                cute.autovec_copy(tXrX[None, i], gO[(None, j)])
+                        if const_expr(quant):
+                            emit(tXrX, mOut, mOutS, row, c * COPY_CHUNK * 32, COPY_CHUNK,
+                                 c * COPY_CHUNK * 32)
+                        else:
+                            for i in cutlass.range_constexpr(COPY_CHUNK):
+                                j = lane + (c * COPY_CHUNK + i) * 32
+                                if j < V:
+                                    cute.autovec_copy(tXrX[None, i], gO[(None, j)])
                     if const_expr(G > 0):
                         for g in cutlass.range(lane, G, 32):
                             mOutS[row, g] = mXs[t, g]
@@ -147,9 +202,15 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                 e = w - pairs
                 tXrX.fill(0)
                 for row in cutlass.range(mPadStart[e], mOffsets[e + 1]):
-                    gO = cute.zipped_divide(mOut[row, None], (vec,))
-                    for j in cutlass.range(lane, V, 32):
-                        cute.autovec_copy(tXrX[None, 0], gO[(None, j)])
+                    if const_expr(quant):
+                        # a zero row quantized: codes 0, every scale that of an all-zero group
+                        for c in cutlass.range_constexpr(-(-V // (32 * COPY_CHUNK))):
+                            emit(tXrX, mOut, mOutS, row, c * COPY_CHUNK * 32, COPY_CHUNK,
+                                 c * COPY_CHUNK * 32)
+                    else:
+                        gO = cute.zipped_divide(mOut[row, None], (vec,))
+                        for j in cutlass.range(lane, V, 32):
+                            cute.autovec_copy(tXrX[None, 0], gO[(None, j)])
                     if const_expr(G > 0):
                         for g in cutlass.range(lane, G, 32):
                             mOutS[row, g] = cutlass.Float32(0.0)
@@ -298,17 +359,8 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                 cute.autovec_copy(gX[(None, j)], tXrX[None, i])
 
     @cute.jit
-    def store_slice(tXrX, mOut, row, s):
-        lane = cute.arch.thread_idx()[0] % 32
-        gO = cute.zipped_divide(mOut[row, None], (vec,))
-        for i in cutlass.range_constexpr(U):
-            j = s * (32 * U) + i * 32 + lane
-            if j < V:
-                cute.autovec_copy(tXrX[None, i], gO[(None, j)])
-
-    @cute.jit
     def copy_unit(mX, mXs, mOut, mOutS, t, row, s, tXrX):
-        store_slice(tXrX, mOut, row, s)
+        emit(tXrX, mOut, mOutS, row, s * (32 * U), U, -1)
         if const_expr(G > 0):
             if s == 0:
                 for g in cutlass.range(cute.arch.thread_idx()[0] % 32, G, 32):
@@ -335,6 +387,8 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         first = bidx * warps + warp
         # The token row a warp copies first does not depend on the routing: load it now.
         tXrX = cute.make_rmem_tensor((vec, U), dtype)
+        if const_expr(quant):
+            tXrX.fill(0)  # lanes past the row end form whole groups of their own
         if first < copies:
             load_slice(mX, first // units_per_row // K, first % units_per_row, tXrX)
         for e in cutlass.range(tidx, E, threads):
@@ -379,7 +433,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                         else:
                             hi = mid
                 row = sOffset[lo] + sCount[lo] + q - sPad[lo]
-                store_slice(tZ, mOut, row, s)
+                emit(tZ, mOut, mOutS, row, s * (32 * U), U, -1)
                 if const_expr(G > 0):
                     if s == 0:
                         for g in cutlass.range(lane, G, 32):
@@ -405,8 +459,28 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                                mPadStart: cute.Tensor):
         body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart)
 
+    @cute.kernel
+    def dispatch_quant_kernel(mX: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
+                              mOutS: cute.Tensor, mOffsets: cute.Tensor, mPos: cute.Tensor,
+                              mBar: cute.Tensor, mCounts: cute.Tensor, mPadStart: cute.Tensor):
+        body(mX, mIds, None, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart)
+
     cooperative = variant.cooperative
     block = list(variant.block)
+
+    if quant:
+
+        @cute.jit
+        def launch_quant(mX: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
+                         mOutS: cute.Tensor, mOffsets: cute.Tensor, mPos: cute.Tensor,
+                         mBar: cute.Tensor, mCounts: cute.Tensor, mPadStart: cute.Tensor,
+                         grid_x: Int32, grid_y: Int32, grid_z: Int32, stream: cuda.CUstream):
+            dispatch_quant_kernel(
+                mX, mIds, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart
+            ).launch(grid=[grid_x, grid_y, grid_z], block=block, smem=smem, stream=stream,
+                     cooperative=cooperative)
+
+        return launch_quant
 
     if G:
 

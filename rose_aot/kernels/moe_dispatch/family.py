@@ -91,7 +91,7 @@ class MoeDispatch(KernelFamily):
     plan_choices = ("small", "decode", "prefill")
 
     def make_config(self, **values):
-        if values.get("dtype") == "float8_e4m3fn":
+        if values.get("dtype") == "float8_e4m3fn" and hasattr(self.Config, "scale_group"):
             values.setdefault("scale_group", 128)
         config = super().make_config(**values)
         if config.local_experts == 0:  # canonical key: the range is always explicit
@@ -101,6 +101,17 @@ class MoeDispatch(KernelFamily):
         return config
 
     def validate(self, c: MoeDispatchConfig) -> None:
+        self.validate_routing(c)
+        if c.dtype == "float8_e4m3fn":
+            if c.scale_group <= 0 or c.hidden % c.scale_group or c.scale_group % 4:
+                raise ConfigError(
+                    self.name, "scale_group", "float8 needs a scale_group dividing hidden (e.g. 128)"
+                )
+        elif c.scale_group != 0:
+            raise ConfigError(self.name, "scale_group", "only float8 tokens carry scales; use 0")
+
+    def validate_routing(self, c) -> None:
+        """Experts, top-k, hidden and the expert range (shared with moe_dispatch_fp8_quant)."""
         if not 1 <= c.num_experts <= 1024:
             raise ConfigError(self.name, "num_experts", f"must be 1..1024 (got {c.num_experts})")
         if not 1 <= c.top_k <= min(32, c.num_experts):
@@ -118,13 +129,6 @@ class MoeDispatch(KernelFamily):
                 "local_experts",
                 f"expert_start + local_experts must be <= num_experts ({c.num_experts})",
             )
-        if c.dtype == "float8_e4m3fn":
-            if c.scale_group <= 0 or c.hidden % c.scale_group or c.scale_group % 4:
-                raise ConfigError(
-                    self.name, "scale_group", "float8 needs a scale_group dividing hidden (e.g. 128)"
-                )
-        elif c.scale_group != 0:
-            raise ConfigError(self.name, "scale_group", "only float8 tokens carry scales; use 0")
 
     def local(self, c: MoeDispatchConfig) -> int:
         return c.local_experts or c.num_experts - c.expert_start
