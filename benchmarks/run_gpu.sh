@@ -5,11 +5,12 @@
 #   rose-aot build manifests tests/manifests -o build/test.rosebundle                 # CPU
 #   rose-aot build benchmarks/manifests/norms.toml -o build/bench-norms.rosebundle    # CPU
 #   rose-aot build benchmarks/manifests/moe.toml -o build/bench-moe.rosebundle        # CPU
+#   rose-aot build benchmarks/manifests/moe_fp8.toml -o build/bench-moe-fp8.rosebundle  # CPU
 #   rose-aot build benchmarks/manifests/act_quant.toml -o build/bench-act-quant.rosebundle  # CPU
 #   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
-# STEP: tests | sanitizer | norms | moe | act_quant | overhead | pdl | warmup. Logs go to $OUT (or
+# STEP: tests | sanitizer | norms | moe | moe_fp8 | act_quant | overhead | pdl | warmup. Logs go to $OUT (or
 # benchmarks/results). NVLink multicast stays off in every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,6 +34,8 @@ for step in "$@"; do
         norms) python3 benchmarks/bench_norms.py build/bench-norms.rosebundle 2>&1 \
                    | tee "$OUT/bench-norms.log" ;;
         moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
+        moe_fp8) python3 benchmarks/bench_dispatch_fp8.py build/bench-moe-fp8.rosebundle 2>&1 \
+                     | tee "$OUT/bench-moe-fp8.log" ;;
         act_quant) python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle 2>&1 \
                        | tee "$OUT/bench-act-quant.log" ;;
         overhead) python3 benchmarks/launch_overhead.py build/bench-norms.rosebundle 2>&1 \
