@@ -41,35 +41,30 @@ def _points(bundle, family=FAMILY):
     return [p["config"] for p in bundle.index["points"] if p["arch"] == arch and p["family"] == family]
 
 
-def _run(bundle, values, tokens, routing, variant, seed, strided_x=False):
-    import torch
-
-    c = get_family(FAMILY).make_config(**values)
-    host, expect = make_case(c, tokens, routing, seed, strided_x)
-    dev = to_device(host)
-    handle = bundle.kernel(FAMILY, **values)
-    launches = handle.plan(*dev, variant=variant)
-    handle(*dev, variant=variant)
-    torch.cuda.synchronize()
-    used = "+".join(x.variant for x in launches)
-    where = f"{handle.key} T={tokens} {routing} forced={variant} ran={used}"
-    check(c, host, dev, expect, where, exact_rows=used == "small")
-    return dev
-
-
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("routing", ROUTINGS)
 def test_every_point_every_variant_bitwise(bundle, tokens, routing):
+    import torch
+
     points = _points(bundle)
     assert points, f"the bundle has no {FAMILY} point (tests/manifests/moe-fp8-quant-cases.toml)"
     for i, values in enumerate(points):
         if tokens > 1000 and values["hidden"] > 2048:
             continue  # the float64 reference of 32k rows x 7168 is slow on the CPU
+        c = get_family(FAMILY).make_config(**values)
+        handle = bundle.kernel(FAMILY, **values)
+        host, expect = make_case(c, tokens, routing, seed=97 * i + tokens,
+                                 strided_x=tokens % 2 == 1)
         for variant in (None, "small", "decode", "prefill"):
-            if variant == "small" and tokens * values["top_k"] > SMALL_MAX_PAIRS:
+            if variant == "small" and tokens * c.top_k > SMALL_MAX_PAIRS:
                 continue  # beyond its capacity "small" is the plan's own choice
-            _run(bundle, values, tokens, routing, variant, seed=97 * i + tokens,
-                 strided_x=tokens % 2 == 1)
+            dev = to_device(host)
+            launches = handle.plan(*dev, variant=variant)
+            handle(*dev, variant=variant)
+            torch.cuda.synchronize()
+            ran = "+".join(x.variant for x in launches)
+            where = f"{handle.key} T={tokens} {routing} forced={variant} ran={ran}"
+            check(c, host, dev, expect, where, exact_rows=ran == "small")
 
 
 def test_equals_dispatch_then_group_quant_from_the_bundle(bundle):
