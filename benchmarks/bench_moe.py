@@ -5,8 +5,9 @@
 
 BUNDLE: `rose-aot build benchmarks/manifests/moe.toml -o build/bench-moe.rosebundle`.
 GPU time per call, CUDA-graph replay, median (the torch reference is written to be capturable).
-Also times both dispatch variants forced at every token count to locate the decode/prefill
-crossover. Writes moe.json and moe.md to $OUT (or benchmarks/results).
+Also times the dispatch variants forced at every token count to locate the small/decode/prefill
+crossovers ("small" forced beyond its capacity is the plan's own choice: see the family). Writes
+moe.json and moe.md to $OUT (or benchmarks/results).
 
 --combine-sweep runs only the decode-size combine comparison instead: every moe_combine point
 of the bundle (top-2/4/8) at each sweep token count, the plan's choice and every variant forced,
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import bench_us, copy_bandwidth_tbs, environment, out_dir  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
-TOKENS = [1, 16, 64, 128, 256, 512, 1024, 8192]
+TOKENS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 8192]
 
 
 def torch_dispatch(x, ids, num_experts):
@@ -145,11 +146,11 @@ def main() -> None:
     dispatch_compiled = torch.compile(torch_dispatch)
     combine_compiled = torch.compile(torch_combine)
     rows_out = []
-    for hidden in (2048, 7168):
+    for hidden in (2048, 7168):  # 7168: also the small/decode switch region (16..64 tokens)
         dispatch = bundle.kernel("moe_dispatch", num_experts=EXPERTS, top_k=TOP_K, hidden=hidden)
         combine = bundle.kernel("moe_combine", top_k=TOP_K, hidden=hidden)
         family = dispatch.family
-        for tokens in TOKENS if hidden == 2048 else [1, 128, 8192]:
+        for tokens in TOKENS if hidden == 2048 else [1, 16, 32, 64, 128, 8192]:
             gen = torch.Generator(device="cuda").manual_seed(tokens)
             x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
             ids = torch.argsort(torch.rand(tokens, EXPERTS, device="cuda", generator=gen), 1)
@@ -164,7 +165,7 @@ def main() -> None:
             nbytes = (1 + TOP_K) * tokens * hidden * 2
             row = {"hidden": hidden, "tokens": tokens, "bytes": nbytes, "us": {}}
             row["us"]["dispatch"] = bench_us(lambda: dispatch(x, ids, d_out, offsets, pos))
-            for variant in ("decode", "prefill"):
+            for variant in ("small", "decode", "prefill"):
                 row["us"][f"dispatch_{variant}"] = bench_us(
                     lambda: dispatch(x, ids, d_out, offsets, pos, variant=variant)
                 )
@@ -188,16 +189,17 @@ def main() -> None:
         f"bandwidth {copy_tbs:.2f} TB/s. µs per call, CUDA-graph replay, median; 128 experts, "
         f"top-8, bf16. TB/s counts the minimum bytes (1 + top_k) x tokens x hidden x 2.",
         "",
-        "| hidden | tokens | dispatch µs (plan) | decode | prefill | TB/s | % copy | torch eager | "
-        "torch.compile | combine µs | TB/s | torch eager | torch.compile |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| hidden | tokens | dispatch µs (plan) | small | decode | prefill | TB/s | % copy | "
+        "torch eager | torch.compile | combine µs | TB/s | torch eager | torch.compile |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows_out:
         u = r["us"]
         d_tbs = r["bytes"] / (u["dispatch"] * 1e-6) / 1e12
         c_tbs = r["bytes"] / (u["combine"] * 1e-6) / 1e12
         lines.append(
-            f"| {r['hidden']} | {r['tokens']} | {u['dispatch']:.2f} | {u['dispatch_decode']:.2f} | "
+            f"| {r['hidden']} | {r['tokens']} | {u['dispatch']:.2f} | {u['dispatch_small']:.2f} | "
+            f"{u['dispatch_decode']:.2f} | "
             f"{u['dispatch_prefill']:.2f} | {d_tbs:.2f} | {100 * d_tbs / copy_tbs:.0f}% | "
             f"{u['dispatch_torch_eager']:.2f} | {u['dispatch_torch_compile']:.2f} | "
             f"{u['combine']:.2f} | {c_tbs:.2f} | {u['combine_torch_eager']:.2f} | "

@@ -6,13 +6,14 @@
 #   rose-aot build benchmarks/manifests/norms.toml -o build/bench-norms.rosebundle    # CPU
 #   rose-aot build benchmarks/manifests/norms-wide.toml -o build/bench-norms-wide.rosebundle
 #   rose-aot build benchmarks/manifests/moe.toml -o build/bench-moe.rosebundle        # CPU
+#   rose-aot build benchmarks/manifests/moe_fp8.toml -o build/bench-moe-fp8.rosebundle  # CPU
 #   rose-aot build benchmarks/manifests/act_quant.toml -o build/bench-act-quant.rosebundle  # CPU
 #   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
-# STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | act_quant | overhead | pdl |
-# warmup. Logs go to $OUT (or benchmarks/results); GPU_TESTS narrows the tests step to some files.
-# NVLink multicast stays off in every process started here.
+# STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
+# overhead | pdl | warmup. Logs go to $OUT (or benchmarks/results); GPU_TESTS narrows the tests
+# step to some files. NVLink multicast stays off in every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -40,6 +41,8 @@ for step in "$@"; do
         moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
         moe_sweep) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle --combine-sweep 2>&1 \
                        | tee "$OUT/bench-moe-combine-sweep.log" ;;
+        moe_fp8) python3 benchmarks/bench_dispatch_fp8.py build/bench-moe-fp8.rosebundle 2>&1 \
+                     | tee "$OUT/bench-moe-fp8.log" ;;
         act_quant) python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle 2>&1 \
                        | tee "$OUT/bench-act-quant.log" ;;
         overhead) python3 benchmarks/launch_overhead.py build/bench-norms.rosebundle 2>&1 \

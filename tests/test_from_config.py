@@ -148,6 +148,8 @@ EXPECTED = {
             dispatch(
                 num_experts=256, top_k=8, hidden=7168, dtype="float8_e4m3fn", scale_group=128
             ),
+            "moe_dispatch_fp8_quant(num_experts=256,top_k=8,hidden=7168,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=false,eps=1e-10,expert_alignment=1,expert_start=0,local_experts=256)",
+            "moe_dispatch_fp8_quant(num_experts=256,top_k=8,hidden=7168,group=128,dtype=bfloat16,scale_layout=col_major_tma,ue8m0=true,eps=1e-10,expert_alignment=1,expert_start=0,local_experts=256)",
             combine(top_k=8, hidden=7168),
             "act_and_mul(d=18432,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
             "act_and_mul(d=2048,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",

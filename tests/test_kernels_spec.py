@@ -68,6 +68,7 @@ BASE["act_and_mul"] = dict(d=4096, activation="silu", dtype="bfloat16", out_dtyp
 _QUANT = dict(group=128, dtype="bfloat16", scale_layout="row_major", ue8m0=False, eps=1e-10)
 BASE["fp8_group_quant"] = {"hidden": 4096, **_QUANT}
 BASE["act_and_mul_fp8_quant"] = {"d": 4096, "activation": "silu", **_QUANT}
+BASE["moe_dispatch_fp8_quant"] = {**_MOE, **_QUANT}
 BASE["block_scaled_quant"] = dict(hidden=4096, format="mxfp8", dtype="bfloat16",
                                  scale_layout="swizzled_128x4")
 BASE["nvfp4_quant"] = dict(hidden=4096, dtype="bfloat16", scale_layout="swizzled_128x4")

@@ -113,6 +113,11 @@ SHIPPED = {
             dispatch(
                 num_experts=256, top_k=8, hidden=7168, dtype="float8_e4m3fn", scale_group=128
             ),
+            *[
+                point("moe_dispatch_fp8_quant", num_experts=256, top_k=8, hidden=7168,
+                      scale_layout="col_major_tma", ue8m0=ue8m0)
+                for ue8m0 in (False, True)
+            ],
             combine(top_k=8, hidden=7168),
         ],
         point("act_and_mul", d=18432),
@@ -165,7 +170,7 @@ def test_shipped_manifest_loads(name):
 def test_load_manifests_directory_returns_all_shipped_in_name_order():
     manifests = load_manifests([MANIFEST_DIR])
     assert [m.name for m in manifests] == sorted(SHIPPED)
-    assert sum(len(m.points) for m in manifests) == sum(len(p) for p in SHIPPED.values()) == 56
+    assert sum(len(m.points) for m in manifests) == sum(len(p) for p in SHIPPED.values()) == 58
 
 
 # --- expansion, dedup, defaults -----------------------------------------------------------------

@@ -11,7 +11,7 @@ from rose_aot.archs import ARCHS
 from rose_aot.builder.compile import compile_point
 from rose_aot.errors import ArgumentError, ConfigError
 from rose_aot.kernels import get_family
-from rose_aot.kernels.moe_dispatch.tuning import DECODE_MAX_PAIRS_PER_SM
+from rose_aot.kernels.moe_dispatch.tuning import DECODE_MAX_PAIRS_PER_SM, SMALL_MAX_PAIRS
 
 DISPATCH = get_family("moe_dispatch")
 COMBINE = get_family("moe_combine")
@@ -80,14 +80,44 @@ def test_float8_gets_a_scale_group_and_scale_tensors():
 
 # --- launch plans -------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_small_counts_are_one_plain_launch_without_a_barrier(arch):
+    a = ARCHS[arch]
+    c = qwen3_moe()
+    variants = _variants(DISPATCH, c, a)
+    small = variants["small"]
+    assert not small.cooperative and small.pdl > 0
+    assert small.constants["max_pairs"] == SMALL_MAX_PAIRS
+    for tokens in (1, 7, SMALL_MAX_PAIRS // c.top_k):
+        sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
+        (launch,) = _plan(DISPATCH, c, a, sizes)
+        assert launch.variant == "small"
+        # one warp per slice of 32 x vecs_per_lane vectors of each copy, capped per SM
+        units = -(-(c.hidden // small.constants["vec"]) // (32 * small.constants["vecs_per_lane"]))
+        want = -(-tokens * c.top_k * units // (small.threads // 32))
+        assert launch.grid == (min(want, a.sm_count * small.constants["blocks_per_sm"]), 1, 1)
+
+
+def test_one_token_spreads_its_rows_over_blocks_within_the_pdl_limit():
+    """One token, top-8, hidden 7168 bf16 on sm_90a: 8 rows of 896 16-byte vectors, 7 units of
+    128 vectors each, 56 warps: 14 blocks of 128 threads, PDL on (1792 threads)."""
+    c = qwen3_moe(hidden=7168)
+    a = ARCHS["sm_90a"]
+    (launch,) = _plan(DISPATCH, c, a, {"tokens": 1, "rows": DISPATCH.max_rows(c, 1)})
+    small = _variants(DISPATCH, c, a)["small"]
+    assert launch.grid == (14, 1, 1)
+    assert launch.grid[0] * small.threads <= small.pdl
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_decode_is_one_cooperative_launch_within_the_sm_count(arch):
     a = ARCHS[arch]
     c = qwen3_moe()
     limit_tokens = a.sm_count * DECODE_MAX_PAIRS_PER_SM // c.top_k
     variants = _variants(DISPATCH, c, a)
-    for tokens in (1, 7, limit_tokens):
+    for tokens in (1, 7, SMALL_MAX_PAIRS // c.top_k + 1, limit_tokens):
         sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
-        (launch,) = _plan(DISPATCH, c, a, sizes)
+        force = "decode" if tokens * c.top_k <= SMALL_MAX_PAIRS else None
+        (launch,) = _plan(DISPATCH, c, a, sizes, force)
         assert launch.variant == "decode" and variants["decode"].cooperative
         assert 1 <= launch.grid[0] <= a.sm_count
     sizes = {"tokens": limit_tokens + 1, "rows": DISPATCH.max_rows(c, limit_tokens + 1)}
@@ -99,12 +129,34 @@ def test_decode_is_one_cooperative_launch_within_the_sm_count(arch):
     assert copy.grid[0] * warps >= (limit_tokens + 1) * c.top_k + DISPATCH.local(c)
 
 
+def test_forcing_small_beyond_its_capacity_gets_the_sizes_own_plan():
+    c = qwen3_moe()
+    a = ARCHS["sm_90a"]
+    for tokens in (SMALL_MAX_PAIRS // c.top_k + 1, 100, 1000):
+        sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
+        assert _plan(DISPATCH, c, a, sizes, "small") == _plan(DISPATCH, c, a, sizes)
+    one = {"tokens": 1, "rows": DISPATCH.max_rows(c, 1)}
+    assert [x.variant for x in _plan(DISPATCH, c, a, one, "prefill")] == [
+        "prefill_route", "prefill_copy"
+    ]
+
+
+def test_small_shared_memory_covers_every_expert_and_pair():
+    from rose_aot.kernels.moe_dispatch.family import small_shared_bytes
+
+    for experts in (1, 16, 128, 1024):
+        c = DISPATCH.make_config(num_experts=experts, top_k=1, hidden=512)
+        small = _variants(DISPATCH, c, ARCHS["sm_90a"])["small"]
+        assert small.smem == small_shared_bytes(experts, small.threads // 32, SMALL_MAX_PAIRS)
+        assert small.smem >= 4 * (3 * (experts + 1) + 2 * SMALL_MAX_PAIRS)
+
+
 def test_the_switch_moves_with_the_target_sm_count():
     c = qwen3_moe()
     tokens = 140  # 1120 pairs: above 8 x 132, below 8 x 148
     sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
     assert len(_plan(DISPATCH, c, ARCHS["sm_90a"], sizes)) == 2
-    assert len(_plan(DISPATCH, c, ARCHS["sm_100a"], sizes)) == 1
+    assert [x.variant for x in _plan(DISPATCH, c, ARCHS["sm_100a"], sizes)] == ["decode"]
     # The SM count is the device's, passed to the plan: the same records plan differently on
     # a smaller sm_90a part (an H20 has 78 SMs).
     variants = _variants(DISPATCH, c, ARCHS["sm_90a"])
@@ -177,7 +229,9 @@ def test_combine_reference_is_the_weighted_sum_in_order_and_ignores_missing_copi
 def dispatch_ptx(request):
     c = qwen3_moe()
     point = compile_point("moe_dispatch", c, request.param)
-    assert [v.name for v in point.record.variants] == ["decode", "prefill_route", "prefill_copy"]
+    assert [v.name for v in point.record.variants] == [
+        "small", "decode", "prefill_route", "prefill_copy"
+    ]
     return {"arch": request.param, **{n: ptx for n, (ptx, _cubin) in point.artifacts.items()}}
 
 
@@ -189,7 +243,17 @@ def test_decode_kernel_has_the_grid_barrier_and_shared_counters(dispatch_ptx):
     assert "shfl.sync.up" in ptx, "prefix sum over experts"
 
 
-@pytest.mark.parametrize("variant", ["decode", "prefill_route", "prefill_copy"])
+def test_small_kernel_has_no_barrier_no_atomics_and_ranks_with_warp_matches(dispatch_ptx):
+    """No grid barrier and no atomics (the rank of a pair inside its expert must be the same
+    in every block): match.any + popc, a PDL prologue, shared counters updated by one lane."""
+    ptx = dispatch_ptx["small"]
+    assert not re.search(r"\b(atom|red)\.", ptx)
+    assert "ld.acquire" not in ptx
+    assert "match.any.sync.b32" in ptx and "popc.b32" in ptx
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
+@pytest.mark.parametrize("variant", ["small", "decode", "prefill_route", "prefill_copy"])
 def test_dispatch_kernels_use_no_local_memory_and_the_arch_widest_row_copies(dispatch_ptx, variant):
     """Rows of 2048 bf16 (4096 bytes) are copied 128 bits at a time on sm_90a and 256 bits
     (v8.b32) on sm_100a."""

@@ -16,6 +16,7 @@ from .fp8_tensor_quant import Fp8TensorQuant
 from .nvfp4_quant import Nvfp4Quant
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
+from .moe_dispatch_fp8_quant import MoeDispatchFp8Quant
 from .qk_norm import QkNorm
 from .rms_norm import RmsNorm
 
@@ -36,6 +37,7 @@ FAMILIES: dict[str, KernelFamily] = {
         RmsNorm(),
         QkNorm(),
         MoeDispatch(),
+        MoeDispatchFp8Quant(),
         MoeCombine(),
         ActAndMul(),
         Fp8GroupQuant(),

@@ -15,6 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from act_quant_cases import compare, make_case  # noqa: E402
+import dispatch_fp8_cases  # noqa: E402
 
 # the activation / quantization families: their inputs and checks come from act_quant_cases
 ACT_QUANT = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",
@@ -49,8 +50,20 @@ def main(path: str) -> None:
                 compare(point["family"], config, want, views, f"{handle.key} {variant}")
                 print(f"ok {handle.key} {variant} T={tokens}", flush=True)
             continue
+        if point["family"] == dispatch_fp8_cases.FAMILY:  # e4m3 rows, scale layouts
+            for variant, tokens in (("small", 3), ("decode", 3), ("prefill", 301)):
+                host, want = dispatch_fp8_cases.make_case(config, tokens, "out_of_range", tokens)
+                dev = dispatch_fp8_cases.to_device(host)
+                handle(*dev, variant=variant)
+                torch.cuda.synchronize()
+                dispatch_fp8_cases.check(config, host, dev, want, f"{handle.key} {variant}")
+                print(f"ok {handle.key} {variant} T={tokens}", flush=True)
+            continue
         args = handle.record(device).args  # the call arguments the handle checks, in order
-        for variant, tokens in (("decode", 3), ("prefill", 1001)):
+        runs = [("decode", 3), ("prefill", 1001)]
+        if "small" in family.plan_choices:  # moe_dispatch: redundant routing, no barrier
+            runs.insert(0, ("small", 3))
+        for variant, tokens in runs:
             if point["family"] == "moe_dispatch" and tokens > 3:
                 tokens = 301  # prefill route + copy
             gen = torch.Generator().manual_seed(tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, const_expr
+from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
 from ..device_utils import (
@@ -15,6 +15,8 @@ from ..device_utils import (
     grid_barrier,
     pdl_prologue,
 )
+from ..fp8_group_quant.device import butterfly_max, ue8m0_scale
+from ..fp8_group_quant.family import FP8_MAX
 from ..spec import Variant
 from .family import MoeDispatchConfig
 
@@ -32,7 +34,14 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     H = config.hidden
     vec = variant.constants["vec"]
     V = H // vec
-    G = H // config.scale_group if config.scale_group else 0
+    scale_group = getattr(config, "scale_group", 0)
+    G = H // scale_group if scale_group else 0  # float8 tokens: scales copied with their rows
+    # moe_dispatch_fp8_quant: rows quantized on the way (fp8_group_quant's rule), a group being
+    # `lanes` consecutive lanes' vectors; out is e4m3 and out_scales [rows, hidden / group]
+    lanes = variant.constants.get("group_lanes", 0)
+    quant = lanes > 0
+    eps = float(config.eps) if quant else 0.0
+    ue8m0 = bool(config.ue8m0) if quant else False
     align = config.expert_alignment
     e0 = config.expert_start
     n_experts = config.num_experts
@@ -43,6 +52,52 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     smem = variant.smem
     reg_pairs = variant.constants.get("register_pairs", 0)
     pdl = variant.pdl
+    # small variant: a unit of work is U vectors per lane of one row slice of 32 * U vectors
+    U = variant.constants.get("vecs_per_lane", 1)
+    units_per_row = -(-V // (32 * U))
+    max_pairs = variant.constants.get("max_pairs", 0)
+    rank_chunks = -(-max_pairs // 32)
+    search_steps = (E - 1).bit_length()  # binary search over E experts
+
+    @cute.jit
+    def emit(tXrX, mOut, mOutS, row, base, n: cutlass.Constexpr, static_base: cutlass.Constexpr):
+        """Store vectors base + i*32 + lane (i < n) of a token row into row `row` of out; with
+        quantization, each vector's group scale (fp8_group_quant's rule, bit for bit) goes to
+        out_scales. The whole warp calls it (group maxima are warp shuffles). `static_base`:
+        base is that compile-time value (vectors past the row are then skipped statically)."""
+        lane = cute.arch.thread_idx()[0] % 32
+        gO = cute.zipped_divide(mOut[row, None], (vec,))
+        if const_expr(quant):
+            tQrQ = cute.make_rmem_tensor((vec, n), cutlass.Float8E4M3FN)
+            for i in cutlass.range_constexpr(n):
+                if const_expr(static_base < 0 or static_base + i * 32 < V):
+                    tYrY = cute.make_rmem_tensor((vec,), Float32)
+                    tYrY.store(tXrX[None, i].load().to(Float32))
+                    amax = Float32(0.0)
+                    for k in cutlass.range_constexpr(vec):
+                        amax = cute.arch.fmax(amax, cute.math.absf(tYrY[k]))
+                    amax = butterfly_max(amax, lanes)
+                    m = cute.arch.fmax(amax, Float32(eps))
+                    if const_expr(ue8m0):
+                        scale = ue8m0_scale(m)
+                    else:
+                        scale = m / Float32(FP8_MAX)
+                    for k in cutlass.range_constexpr(vec):
+                        tYrY[k] = tYrY[k] / scale
+                    j = base + i * 32 + lane
+                    if j < V and lane % lanes == 0:
+                        mOutS[row, j // lanes] = scale
+                    tQrQ[None, i].store(tYrY.load().to(cutlass.Float8E4M3FN))
+            for i in cutlass.range_constexpr(n):
+                if const_expr(static_base < 0 or static_base + i * 32 < V):
+                    j = base + i * 32 + lane
+                    if j < V:
+                        cute.autovec_copy(tQrQ[None, i], gO[(None, j)])
+        else:
+            for i in cutlass.range_constexpr(n):
+                j = base + i * 32 + lane
+                if j < V:
+                    cute.autovec_copy(tXrX[None, i], gO[(None, j)])
 
     @cute.jit
     def count_pairs(mIds, mPos, sCount, first, step):
@@ -118,6 +173,8 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         lane = tidx % 32
         pairs = mPos.shape[0] * K
         tXrX = cute.make_rmem_tensor((vec, COPY_CHUNK), dtype)
+        if const_expr(quant):
+            tXrX.fill(0)
         for w in cutlass.range(first_warp, pairs + E, warp_step):
             if w < pairs:
                 t = w // K
@@ -130,10 +187,14 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                             j = lane + (c * COPY_CHUNK + i) * 32
                             if j < V:
                                 cute.autovec_copy(gX[(None, j)], tXrX[None, i])
-                        for i in cutlass.range_constexpr(COPY_CHUNK):
-                            j = lane + (c * COPY_CHUNK + i) * 32
-                            if j < V:
-                                cute.autovec_copy(tXrX[None, i], gO[(None, j)])
+                        if const_expr(quant):
+                            emit(tXrX, mOut, mOutS, row, c * COPY_CHUNK * 32, COPY_CHUNK,
+                                 c * COPY_CHUNK * 32)
+                        else:
+                            for i in cutlass.range_constexpr(COPY_CHUNK):
+                                j = lane + (c * COPY_CHUNK + i) * 32
+                                if j < V:
+                                    cute.autovec_copy(tXrX[None, i], gO[(None, j)])
                     if const_expr(G > 0):
                         for g in cutlass.range(lane, G, 32):
                             mOutS[row, g] = mXs[t, g]
@@ -141,9 +202,15 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                 e = w - pairs
                 tXrX.fill(0)
                 for row in cutlass.range(mPadStart[e], mOffsets[e + 1]):
-                    gO = cute.zipped_divide(mOut[row, None], (vec,))
-                    for j in cutlass.range(lane, V, 32):
-                        cute.autovec_copy(tXrX[None, 0], gO[(None, j)])
+                    if const_expr(quant):
+                        # a zero row quantized: codes 0, every scale that of an all-zero group
+                        for c in cutlass.range_constexpr(-(-V // (32 * COPY_CHUNK))):
+                            emit(tXrX, mOut, mOutS, row, c * COPY_CHUNK * 32, COPY_CHUNK,
+                                 c * COPY_CHUNK * 32)
+                    else:
+                        gO = cute.zipped_divide(mOut[row, None], (vec,))
+                        for j in cutlass.range(lane, V, 32):
+                            cute.autovec_copy(tXrX[None, 0], gO[(None, j)])
                     if const_expr(G > 0):
                         for g in cutlass.range(lane, G, 32):
                             mOutS[row, g] = cutlass.Float32(0.0)
@@ -151,7 +218,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                     mCounts[e] = Int32(0)  # leave the workspace zero for the next launch
 
     @cute.jit
-    def body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart):
+    def large_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart):
         pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -205,6 +272,180 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
             copy_rows(mX, mXs, mOut, mOutS, mOffsets, mPos, mCounts, mPadStart,
                       bidx * warps + tidx // 32, blocks * warps, True)
 
+    # --- small variant: every block routes the few pairs itself --------------------------------
+    @cute.jit
+    def rank_pairs(mIds, sCount, sExp, sRank):
+        """Warp 0: each pair's local expert (or -1) and its rank among the pairs of that expert
+        in (token, k) order, and the per-expert counts. Deterministic, so every block of the
+        grid computes the same rows: pairs go 32 at a time; match.any groups the lanes of one
+        expert, the lowest lane of a group adds the group's size to the expert's count, and each
+        lane's rank is the count before plus the lanes of its group below it."""
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = tidx % 32
+        pairs = mIds.shape[0] * K
+        if tidx < 32:
+            rKey = cute.make_rmem_tensor(rank_chunks, Int32)
+            for c in cutlass.range_constexpr(rank_chunks):
+                i = c * 32 + lane
+                rKey[c] = Int32(-1)
+                if i < pairs:
+                    ident = mIds[i // K, i % K]
+                    e = ident - e0
+                    if ident >= 0 and ident < n_experts and e >= 0 and e < E:
+                        rKey[c] = e
+            below_mask = cute.arch.lanemask_lt()
+            for c in cutlass.range_constexpr(rank_chunks):
+                if c * 32 < pairs:
+                    key = rKey[c]
+                    peers = cute.arch.match_sync(Int32(-1), key, "any")
+                    below = Int32(cute.arch.popc(peers & below_mask))
+                    base = Int32(0)
+                    if key >= 0:
+                        base = sCount[key]
+                    cute.arch.sync_warp()
+                    if key >= 0 and below == 0:
+                        sCount[key] = base + Int32(cute.arch.popc(peers))
+                    cute.arch.sync_warp()
+                    i = c * 32 + lane
+                    if i < pairs:
+                        sExp[i] = key
+                        sRank[i] = base + below
+
+    @cute.jit
+    def scan_small(sCount, sOffset, sPad, sWarp, mOffsets, write_out):
+        """sOffset[e] = first row of expert e; sPad[e] = padding rows of the experts before e
+        (sPad[E] = all padding rows). Only block 0 writes expert_offsets."""
+        tidx, _, _ = cute.arch.thread_idx()
+        mine = Int32(0)
+        pad_mine = Int32(0)
+        for j in cutlass.range_constexpr(per_thread):
+            e = tidx * per_thread + j
+            if e < E:
+                n = sCount[e]
+                padded = (n + (align - 1)) // align * align
+                mine = mine + padded
+                pad_mine = pad_mine + padded - n
+        start, total = block_exclusive_sum(mine, sWarp, threads)
+        pad_start = Int32(0)
+        pad_total = Int32(0)
+        if const_expr(align > 1):
+            pad_start, pad_total = block_exclusive_sum(pad_mine, sWarp, threads)
+        for j in cutlass.range_constexpr(per_thread):
+            e = tidx * per_thread + j
+            if e < E:
+                n = sCount[e]
+                padded = (n + (align - 1)) // align * align
+                sOffset[e] = start
+                sPad[e] = pad_start
+                if write_out:
+                    mOffsets[e] = start
+                start = start + padded
+                pad_start = pad_start + padded - n
+        if tidx == 0:
+            sOffset[E] = total
+            sPad[E] = pad_total
+            if write_out:
+                mOffsets[E] = total
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def load_slice(mX, t, s, tXrX):
+        """Slice s of row t: lane l holds vectors s*32U + i*32 + l (i < U)."""
+        lane = cute.arch.thread_idx()[0] % 32
+        gX = cute.zipped_divide(mX[t, None], (vec,))
+        for i in cutlass.range_constexpr(U):
+            j = s * (32 * U) + i * 32 + lane
+            if j < V:
+                cute.autovec_copy(gX[(None, j)], tXrX[None, i])
+
+    @cute.jit
+    def copy_unit(mX, mXs, mOut, mOutS, t, row, s, tXrX):
+        emit(tXrX, mOut, mOutS, row, s * (32 * U), U, -1)
+        if const_expr(G > 0):
+            if s == 0:
+                for g in cutlass.range(cute.arch.thread_idx()[0] % 32, G, 32):
+                    mOutS[row, g] = mXs[t, g]
+
+    @cute.jit
+    def small_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos):
+        pdl_prologue(pdl)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        blocks = cute.arch.grid_dim()[0]
+        warp = tidx // 32
+        lane = tidx % 32
+        alloc = SharedMemory(smem, f"moe_dispatch {variant.name}")
+        sCount = alloc.tensor(Int32, E + 1)
+        sOffset = alloc.tensor(Int32, E + 1)
+        sPad = alloc.tensor(Int32, E + 1)
+        sExp = alloc.tensor(Int32, max_pairs)
+        sRank = alloc.tensor(Int32, max_pairs)
+        sWarp = alloc.tensor(Int32, warps)
+        pairs = mIds.shape[0] * K
+        copies = pairs * units_per_row
+        stride = blocks * warps
+        first = bidx * warps + warp
+        # The token row a warp copies first does not depend on the routing: load it now.
+        tXrX = cute.make_rmem_tensor((vec, U), dtype)
+        if const_expr(quant):
+            tXrX.fill(0)  # lanes past the row end form whole groups of their own
+        if first < copies:
+            load_slice(mX, first // units_per_row // K, first % units_per_row, tXrX)
+        for e in cutlass.range(tidx, E, threads):
+            sCount[e] = Int32(0)
+        cute.arch.sync_threads()
+        rank_pairs(mIds, sCount, sExp, sRank)
+        cute.arch.sync_threads()
+        scan_small(sCount, sOffset, sPad, sWarp, mOffsets, bidx == 0)
+        if bidx == 0:
+            for i in cutlass.range(tidx, pairs, threads):
+                key = sExp[i]
+                row = Int32(-1)
+                if key >= 0:
+                    row = sOffset[key] + sRank[i]
+                mPos[i // K, i % K] = row
+        if first < copies:
+            p = first // units_per_row
+            key = sExp[p]
+            if key >= 0:
+                copy_unit(mX, mXs, mOut, mOutS, p // K, sOffset[key] + sRank[p],
+                          first % units_per_row, tXrX)
+        for u in cutlass.range(first + stride, copies, stride):
+            p = u // units_per_row
+            key = sExp[p]
+            if key >= 0:
+                load_slice(mX, p // K, u % units_per_row, tXrX)
+                copy_unit(mX, mXs, mOut, mOutS, p // K, sOffset[key] + sRank[p],
+                          u % units_per_row, tXrX)
+        if const_expr(align > 1):
+            tZ = cute.make_rmem_tensor((vec, U), dtype)
+            tZ.fill(0)
+            for u in cutlass.range(first, sPad[E] * units_per_row, stride):
+                q = u // units_per_row
+                s = u % units_per_row
+                lo = Int32(0)
+                hi = Int32(E)
+                for _ in cutlass.range_constexpr(search_steps):
+                    if hi - lo > 1:
+                        mid = (lo + hi) // 2
+                        if sPad[mid] <= q:
+                            lo = mid
+                        else:
+                            hi = mid
+                row = sOffset[lo] + sCount[lo] + q - sPad[lo]
+                emit(tZ, mOut, mOutS, row, s * (32 * U), U, -1)
+                if const_expr(G > 0):
+                    if s == 0:
+                        for g in cutlass.range(lane, G, 32):
+                            mOutS[row, g] = cutlass.Float32(0.0)
+
+    @cute.jit
+    def body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart):
+        if const_expr(phase == "small"):
+            small_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos)
+        else:
+            large_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart)
+
     @cute.kernel
     def dispatch_kernel(mX: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
                         mOffsets: cute.Tensor, mPos: cute.Tensor, mBar: cute.Tensor,
@@ -218,8 +459,28 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                                mPadStart: cute.Tensor):
         body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart)
 
+    @cute.kernel
+    def dispatch_quant_kernel(mX: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
+                              mOutS: cute.Tensor, mOffsets: cute.Tensor, mPos: cute.Tensor,
+                              mBar: cute.Tensor, mCounts: cute.Tensor, mPadStart: cute.Tensor):
+        body(mX, mIds, None, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart)
+
     cooperative = variant.cooperative
     block = list(variant.block)
+
+    if quant:
+
+        @cute.jit
+        def launch_quant(mX: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
+                         mOutS: cute.Tensor, mOffsets: cute.Tensor, mPos: cute.Tensor,
+                         mBar: cute.Tensor, mCounts: cute.Tensor, mPadStart: cute.Tensor,
+                         grid_x: Int32, grid_y: Int32, grid_z: Int32, stream: cuda.CUstream):
+            dispatch_quant_kernel(
+                mX, mIds, mOut, mOutS, mOffsets, mPos, mBar, mCounts, mPadStart
+            ).launch(grid=[grid_x, grid_y, grid_z], block=block, smem=smem, stream=stream,
+                     cooperative=cooperative)
+
+        return launch_quant
 
     if G:
 

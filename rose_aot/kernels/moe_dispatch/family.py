@@ -12,9 +12,16 @@ out_scales.
 Rule for expert ids: an id outside [0, num_experts), or outside this rank's range
 [expert_start, expert_start + local_experts) under tensor parallelism, is skipped: its position
 is -1 and nothing is written for it. The order of rows inside an expert is unspecified (atomics);
-combine reads rows through `positions`, so its result does not depend on it.
+combine reads rows through `positions`, so its result does not depend on it. (The "small"
+variant happens to place them in (token, k) order, like the reference; do not rely on it.)
 
-Launch plans (the seed's deployment 1):
+Launch plans (the seed's deployment 1), chosen by the number of (token, k) pairs:
+- small (up to SMALL_MAX_PAIRS pairs): ONE plain launch, no grid barrier, programmatic dependent
+  launch. Every block routes the few pairs itself (one warp ranks them in (token, k) order with
+  warp match instructions, so every block computes the same rows; a prefix sum over the experts
+  gives the offsets); block 0 alone writes expert_offsets and positions; each warp copies
+  32 x SMALL_VECS_PER_LANE vectors of one row, so a row is spread over many SMs. The first
+  slice of x is loaded before the routing, hiding its latency.
 - decode: ONE cooperative launch, grid <= the target's SM count. Block 0 routes with shared-memory
   counters and a prefix sum, then a grid barrier (release/acquire on a self-resetting global
   word), then every block copies rows.
@@ -33,7 +40,14 @@ from ...errors import ArgumentError, ConfigError
 from ..base import KernelFamily, choice
 from ..rowwise import access_bytes, row_align, vector_width
 from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
-from .tuning import BLOCK_THREADS, DECODE_MAX_PAIRS_PER_SM
+from .tuning import (
+    BLOCK_THREADS,
+    DECODE_MAX_PAIRS_PER_SM,
+    SMALL_BLOCK_THREADS,
+    SMALL_BLOCKS_PER_SM,
+    SMALL_MAX_PAIRS,
+    SMALL_VECS_PER_LANE,
+)
 
 __all__ = ["MoeDispatchConfig", "MoeDispatch"]
 
@@ -46,6 +60,15 @@ def shared_bytes(local_experts: int, warps: int) -> int:
     code allocates exactly these through SharedMemory, which checks the total."""
     per_array = -(-4 * (local_experts + 1) // 16) * 16
     return 3 * per_array + 4 * warps
+
+
+def small_shared_bytes(local_experts: int, warps: int, max_pairs: int) -> int:
+    """Dynamic shared memory of the small variant: per-expert counts, offsets and padding
+    prefix (E + 1 int32 each), each pair's expert and rank (max_pairs int32 each), then one
+    int32 per warp for the block scan; every array 16-byte aligned, allocated in this order."""
+    per_expert = -(-4 * (local_experts + 1) // 16) * 16
+    per_pair = -(-4 * max_pairs // 16) * 16
+    return 3 * per_expert + 2 * per_pair + 4 * warps
 
 
 @dataclass(frozen=True)
@@ -65,9 +88,10 @@ class MoeDispatch(KernelFamily):
     Config = MoeDispatchConfig
     device_module = "rose_aot.kernels.moe_dispatch.device"
     size_names = ("tokens", "rows")
+    plan_choices = ("small", "decode", "prefill")
 
     def make_config(self, **values):
-        if values.get("dtype") == "float8_e4m3fn":
+        if values.get("dtype") == "float8_e4m3fn" and hasattr(self.Config, "scale_group"):
             values.setdefault("scale_group", 128)
         config = super().make_config(**values)
         if config.local_experts == 0:  # canonical key: the range is always explicit
@@ -77,6 +101,17 @@ class MoeDispatch(KernelFamily):
         return config
 
     def validate(self, c: MoeDispatchConfig) -> None:
+        self.validate_routing(c)
+        if c.dtype == "float8_e4m3fn":
+            if c.scale_group <= 0 or c.hidden % c.scale_group or c.scale_group % 4:
+                raise ConfigError(
+                    self.name, "scale_group", "float8 needs a scale_group dividing hidden (e.g. 128)"
+                )
+        elif c.scale_group != 0:
+            raise ConfigError(self.name, "scale_group", "only float8 tokens carry scales; use 0")
+
+    def validate_routing(self, c) -> None:
+        """Experts, top-k, hidden and the expert range (shared with moe_dispatch_fp8_quant)."""
         if not 1 <= c.num_experts <= 1024:
             raise ConfigError(self.name, "num_experts", f"must be 1..1024 (got {c.num_experts})")
         if not 1 <= c.top_k <= min(32, c.num_experts):
@@ -94,13 +129,6 @@ class MoeDispatch(KernelFamily):
                 "local_experts",
                 f"expert_start + local_experts must be <= num_experts ({c.num_experts})",
             )
-        if c.dtype == "float8_e4m3fn":
-            if c.scale_group <= 0 or c.hidden % c.scale_group or c.scale_group % 4:
-                raise ConfigError(
-                    self.name, "scale_group", "float8 needs a scale_group dividing hidden (e.g. 128)"
-                )
-        elif c.scale_group != 0:
-            raise ConfigError(self.name, "scale_group", "only float8 tokens carry scales; use 0")
 
     def local(self, c: MoeDispatchConfig) -> int:
         return c.local_experts or c.num_experts - c.expert_start
@@ -159,7 +187,16 @@ class MoeDispatch(KernelFamily):
         # Pairs per thread the decode router keeps in registers: every token count the plan
         # sends to decode on this arch; larger (forced) launches take the general loop.
         reg_pairs = -(-arch.sm_count * DECODE_MAX_PAIRS_PER_SM // BLOCK_THREADS)
+        small_threads = SMALL_BLOCK_THREADS
+        small = Variant(
+            "small", (small_threads, 1, 1),
+            small_shared_bytes(self.local(c), small_threads // 32, SMALL_MAX_PAIRS), params,
+            {"vec": vec, "phase": "small", "max_pairs": SMALL_MAX_PAIRS,
+             "vecs_per_lane": SMALL_VECS_PER_LANE, "blocks_per_sm": SMALL_BLOCKS_PER_SM},
+            pdl=PDL_MAX_THREADS,
+        )
         return (
+            small,
             Variant("decode", block, smem, params,
                     {**common, "phase": "decode", "register_pairs": reg_pairs}, cooperative=True,
                     pdl=PDL_MAX_THREADS),
@@ -172,7 +209,11 @@ class MoeDispatch(KernelFamily):
         return "_scaled" if c.scale_group else ""
 
     def sample_sizes(self, c: MoeDispatchConfig) -> list[dict[str, int]]:
-        return [{"tokens": t, "rows": self.max_rows(c, t)} for t in (1, 7, 1024, 65536)]
+        beyond_small = SMALL_MAX_PAIRS // c.top_k + 1
+        return [
+            {"tokens": t, "rows": self.max_rows(c, t)}
+            for t in (1, 7, beyond_small, 1024, 65536)
+        ]
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
@@ -186,13 +227,17 @@ class MoeDispatch(KernelFamily):
                 f"{self.local(c)} experts padded to {c.expert_alignment} need up to {need}; "
                 f"allocate out with max_rows(config, tokens) rows"
             )
+        pairs = tokens * c.top_k
+        small_v = variants["small"]
+        # Forcing "small" beyond its capacity (its shared arrays) gets the size's own plan.
+        if pairs <= small_v.constants["max_pairs"] and force in (None, "small"):
+            return (Launch("small", (self._small_grid(c, small_v, pairs, sm_count), 1, 1)),)
         decode_v = variants["decode"]
         threads = decode_v.threads
         warps = threads // 32
-        pairs = tokens * c.top_k
         work = pairs + self.local(c)  # a warp per (token, k) copy plus one per expert's padding
         decode = pairs <= sm_count * decode_v.constants["decode_max_pairs_per_sm"]
-        if force is not None:
+        if force in ("decode", "prefill"):
             decode = force == "decode"
         if decode:
             # Cooperative: every block resident, so at most one block per SM.
@@ -203,3 +248,12 @@ class MoeDispatch(KernelFamily):
             Launch("prefill_route", (route_grid, 1, 1)),
             Launch("prefill_copy", (-(-work // copy_warps), 1, 1)),
         )
+
+    def _small_grid(self, c: MoeDispatchConfig, v, pairs: int, sm_count: int) -> int:
+        """One warp per unit (32 x vecs_per_lane vectors of one copy), capped per SM; padding
+        rows (known only on the device) go to the same warps in a grid-stride loop."""
+        k = v.constants
+        units_per_row = -(-(c.hidden // k["vec"]) // (32 * k["vecs_per_lane"]))
+        warps = v.threads // 32
+        blocks = -(-pairs * units_per_row // warps)
+        return max(1, min(blocks, sm_count * k["blocks_per_sm"]))

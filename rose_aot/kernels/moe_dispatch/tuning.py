@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["BLOCK_THREADS", "DECODE_MAX_PAIRS_PER_SM"]
+__all__ = [
+    "BLOCK_THREADS",
+    "DECODE_MAX_PAIRS_PER_SM",
+    "SMALL_BLOCK_THREADS",
+    "SMALL_MAX_PAIRS",
+    "SMALL_VECS_PER_LANE",
+    "SMALL_BLOCKS_PER_SM",
+]
 
 BLOCK_THREADS = 256
 # Decode (one cooperative launch) while there are at most this many (token, k) pairs per SM of
@@ -10,3 +17,17 @@ BLOCK_THREADS = 256
 # 7.23 µs at 128 tokens (1024 pairs), 8.61 vs 8.23 µs at 256 tokens (2048 pairs);
 # 8 x 132 SMs = 1056 pairs puts the switch between.
 DECODE_MAX_PAIRS_PER_SM = 8
+
+# The "small" variant (every block routes redundantly, no grid barrier, plain launch with PDL).
+# NOT MEASURED YET: first choices, to be replaced by the H200 sweep (benchmarks/bench_moe.py
+# times "small" against "decode" at every token count).
+# Pairs (tokens x top_k) up to which the plan uses it; also its capacity (shared-memory arrays
+# of one int32 each per pair, and the registers of the warp that ranks the pairs).
+SMALL_MAX_PAIRS = 256
+# Threads per block: the redundant routing is per block, so blocks stay small.
+SMALL_BLOCK_THREADS = 128
+# Vectors (16 B on sm_90a, 32 B on sm_100a) each lane of a warp moves per unit of work: a unit
+# is 32 x this many vectors of one row (a one-token 7168-wide bf16 row is 7 units on sm_90a).
+SMALL_VECS_PER_LANE = 4
+# At most this many blocks per SM (further units go to the same warps in a grid-stride loop).
+SMALL_BLOCKS_PER_SM = 4
