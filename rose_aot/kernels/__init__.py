@@ -16,6 +16,8 @@ from .fp8_tensor_quant import Fp8TensorQuant
 from .nvfp4_quant import Nvfp4Quant
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
+from .moe_ep_combine import MoeEpCombine
+from .moe_ep_dispatch import MoeEpDispatch
 from .qk_norm import QkNorm
 from .rms_norm import RmsNorm
 
@@ -45,6 +47,8 @@ FAMILIES: dict[str, KernelFamily] = {
         BlockScaledQuant(),
         Nvfp4Quant(),
         AllReduce(),
+        MoeEpDispatch(),
+        MoeEpCombine(),
     )
 }
 
