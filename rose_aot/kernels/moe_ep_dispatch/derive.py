@@ -12,7 +12,7 @@ __all__ = ["derive"]
 
 def derive(model: ModelFacts) -> list[KernelEntry]:
     moe = model.moe
-    ep = getattr(model, "ep", 1)
+    ep = model.ep
     if moe is None or not 2 <= ep <= MAX_RANKS or model.dtype not in ("bfloat16", "float16"):
         return []
     fields = [
