@@ -207,7 +207,7 @@ def _simulate(c, all_ids):
             off[j + 1] = off[j] + (totals[j] + a - 1) // a * a
         delta = [off[i % L] + sum(rc[s2 * L + i % L] for s2 in range(i // L))
                  - (p[i] - p[(i // L) * L]) for i in range(E)]
-        rows = {}
+        rows, recv_pos = {}, {}
         for g in range(p[E]):
             s = max(s2 for s2 in range(W) if g >= p[s2 * L])
             slot = g - p[s * L]
@@ -216,7 +216,8 @@ def _simulate(c, all_ids):
             assert off[j] <= row < off[j] + totals[j], (row, j)
             assert row not in rows
             rows[row] = (s, t, k)
-        results.append((rows, off))
+            recv_pos[(s, slot)] = row
+        results.append((rows, off, recv_pos))
     return results, sends
 
 
@@ -239,7 +240,7 @@ def test_slot_and_row_arithmetic_places_every_copy_in_its_expert(routing, w, exp
         all_ids.append(ids)
     results, sends = _simulate(c, all_ids)
     L = experts // w
-    for r, (rows, off) in enumerate(results):
+    for r, (rows, off, _) in enumerate(results):
         want_off, copies = expected_layout(c, all_ids, r)
         assert off == want_off.tolist()
         assert sorted(rows.values()) == sorted((s, t, k) for s, t, k, _ in copies)
@@ -414,3 +415,59 @@ def test_ep_scripts_parse_and_the_launcher_runs_them():
         assert "multimem" not in text and "cuMulticast" not in text
     launcher = (root / "tests/multigpu/run.sh").read_text()
     assert "check_ep.py" in launcher and "bench_ep.py" in launcher
+
+
+def _load_check_ep():
+    import importlib.util
+
+    root = Path(__file__).resolve().parent / "multigpu"
+    sys.path.insert(0, str(root))
+    try:
+        spec = importlib.util.spec_from_file_location("rose_check_ep", root / "check_ep.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(root))
+    return module
+
+
+@pytest.mark.parametrize("align", [1, 16])
+def test_check_ep_accepts_the_modelled_layout_and_names_a_misplaced_row(align):
+    """The two-GPU script's dispatch check (run on CPU tensors here) accepts outputs built
+    from the Python model above and reports a swapped row: the check itself is tested before
+    it runs unattended on the GPU machine."""
+    from types import SimpleNamespace
+
+    check_ep = _load_check_ep()
+    c = dispatch(expert_alignment=align)
+    W, E, H = 2, 16, 512
+    gen = torch.Generator().manual_seed(7)
+    counts = [6, 3]
+    all_ids = [torch.randint(0, E, (n, 4), generator=gen, dtype=torch.int32) for n in counts]
+    all_ids[0][2, 1] = -1
+    all_x = [torch.randn(n, H, generator=gen).to(torch.bfloat16) for n in counts]
+    results, sends = _simulate(c, all_ids)
+    cap = protocol.slots_for(max(counts), 4)
+    for r in range(W):
+        rows, off, recv_pos = results[r]
+        out = torch.zeros(D.max_rows(c, cap), H, dtype=torch.bfloat16)
+        for row, (s, t, k) in rows.items():
+            out[row] = all_x[s][t]
+        pos = torch.zeros(W * cap, dtype=torch.int32)
+        for (s, slot), row in recv_pos.items():
+            pos[s * cap + slot] = row
+        ws = SimpleNamespace(slots=cap, recv_pos=pos)
+        bufs = SimpleNamespace(out=out, expert_offsets=torch.tensor(off, dtype=torch.int32),
+                               out_scales=None)
+        slots = [sd.int() for sd in sends]
+        problems = check_ep.check_dispatch(c, ws, bufs, counts, all_x, all_ids, None, slots, r)
+        assert problems == [], problems
+        if len(rows) >= 2:
+            a, b = sorted(rows)[:2]
+            if not torch.equal(out[a], out[b]):
+                swapped = out.clone()
+                swapped[[a, b]] = out[[b, a]]
+                bufs.out = swapped
+                problems = check_ep.check_dispatch(c, ws, bufs, counts, all_x, all_ids, None,
+                                                   slots, r)
+                assert problems and "differ bitwise" in problems[0], problems
