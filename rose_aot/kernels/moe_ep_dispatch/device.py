@@ -132,6 +132,9 @@ def host_function(config: MoeEpDispatchConfig, variant: Variant, arch: Arch):
                 d = e // L
                 j = e - d * L
                 st_i32(mPtrs[d] + lay["counts"] + Int64(((par * W + rank) * Lp + j) * 4), sCnt[e])
+            # Every writer's own system-scope fence as well as the block barrier, before one
+            # thread per destination releases the flag (once per launch: cheap insurance).
+            cute.arch.fence_acq_rel_sys()
             cute.arch.sync_threads()
             if tidx < W:
                 store_release_sys(
