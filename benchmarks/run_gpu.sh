@@ -12,8 +12,9 @@
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
 # STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
-# overhead | pdl | warmup. Logs go to $OUT (or benchmarks/results); GPU_TESTS narrows the tests
-# step to some files. NVLink multicast stays off in every process started here.
+# overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun). Logs go to $OUT
+# (or benchmarks/results); GPU_TESTS narrows the tests step to some files. NVLink multicast
+# stays off in every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -49,6 +50,10 @@ for step in "$@"; do
                       | tee "$OUT/overhead.log" ;;
         pdl) python3 benchmarks/bench_pdl.py build/test.rosebundle 2>&1 | tee "$OUT/pdl.log" ;;
         warmup) python3 benchmarks/warmup.py gpu-side build/models 2>&1 | tee "$OUT/warmup.log" ;;
+        ep) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle NPROC="${NPROC:-2}" PYTHON=python3 \
+                bash tests/multigpu/run.sh --ep 2>&1 | tee "$OUT/ep-checks.log" ;;
+        ep_bench) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle NPROC="${NPROC:-2}" PYTHON=python3 \
+                      bash tests/multigpu/run.sh --bench-ep --out "$OUT" 2>&1 | tee "$OUT/ep-bench.log" ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
     rc=${PIPESTATUS[0]}

@@ -484,6 +484,9 @@ def manifest():
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help=(
     "Tensor-parallel ranks: Q/K heads and experts per rank."))
+@click.option("--ep", "--dp", "ep", type=click.IntRange(min=1), default=1, show_default=True,
+              help=("Expert-parallel (data-parallel) ranks over NVLink: adds the "
+                    "moe_ep_dispatch / moe_ep_combine points of the MoE layers."))
 @click.option("--arch", "archs", multiple=True, help=(
     "Target arch (repeatable), e.g. sm_90a, sm_100a. Default: sm_90a."))
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]),
@@ -495,7 +498,7 @@ def manifest():
 @click.option("--json", "as_json", is_flag=True, help=(
     "Print the derived points, MoE facts and fields read as JSON (with -o, the manifest is "
     "still written)."))
-def from_config(config, tp, archs, dtype, name, output, as_json):
+def from_config(config, tp, ep, archs, dtype, name, output, as_json):
     """Derive a manifest from a Hugging Face CONFIG (config.json, or the model folder).
 
     Knows Qwen3 (dense and MoE), Llama, Mistral, Mixtral, Gemma 3, DeepSeek-V3 and gpt-oss:
@@ -507,7 +510,7 @@ def from_config(config, tp, archs, dtype, name, output, as_json):
     from .manifest.from_config import manifest_from_config
 
     derived = manifest_from_config(
-        config, tp=tp, archs=tuple(archs) or None, dtype=dtype, name=name
+        config, tp=tp, ep=ep, archs=tuple(archs) or None, dtype=dtype, name=name
     )
     text = derived.to_toml()
     if output is not None:

@@ -75,10 +75,15 @@ BASE["nvfp4_quant"] = dict(hidden=4096, dtype="bfloat16", scale_layout="swizzled
 BASE["fp8_token_quant"] = dict(hidden=4096, dtype="bfloat16", eps=1e-10)
 BASE["fp8_tensor_quant"] = dict(hidden=4096, dtype="bfloat16", eps=1e-10)
 BASE["all_reduce"] = dict(world_size=2, dtype="bfloat16", fusion="none")
+BASE["moe_ep_dispatch"] = dict(world_size=2, num_experts=128, top_k=8, hidden=2048,
+                               dtype="bfloat16", expert_alignment=1, scale_group=0)
+BASE["moe_ep_combine"] = dict(world_size=2, top_k=8, hidden=2048, dtype="bfloat16")
 # More base points, for fields that can only change together with others from the first base
 # (moe_dispatch: scale_group is nonzero exactly for float8 tokens).
 EXTRA_BASES = {
     "moe_dispatch": [{**_MOE, "dtype": "float8_e4m3fn", "scale_group": 128}],
+    "moe_ep_dispatch": [dict(world_size=2, num_experts=128, top_k=8, hidden=2048,
+                             dtype="float8_e4m3fn", expert_alignment=1, scale_group=128)],
     # all_reduce: hidden/eps/weight_offset exist only fused with the norm, top_k with combine
     "all_reduce": [
         dict(world_size=2, dtype="bfloat16", fusion="residual_rms_norm", hidden=7168, eps=1e-6),

@@ -7,6 +7,7 @@ unless NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are in the envi
 """
 
 from .collectives import AllReduce, FusedAllReduceRmsNorm, FusedMoeCombineAllReduce
+from .ep import EpBuffers, EpWorkspace, ExpertParallelMoe, ep_workspace_for
 from .workspace import (
     NO_MULTICAST_ENV,
     DistributedError,
@@ -26,4 +27,8 @@ __all__ = [
     "AllReduce",
     "FusedAllReduceRmsNorm",
     "FusedMoeCombineAllReduce",
+    "EpWorkspace",
+    "EpBuffers",
+    "ExpertParallelMoe",
+    "ep_workspace_for",
 ]

@@ -17,6 +17,8 @@ from .nvfp4_quant import Nvfp4Quant
 from .moe_combine import MoeCombine
 from .moe_dispatch import MoeDispatch
 from .moe_dispatch_fp8_quant import MoeDispatchFp8Quant
+from .moe_ep_combine import MoeEpCombine
+from .moe_ep_dispatch import MoeEpDispatch
 from .qk_norm import QkNorm
 from .rms_norm import RmsNorm
 
@@ -47,6 +49,8 @@ FAMILIES: dict[str, KernelFamily] = {
         BlockScaledQuant(),
         Nvfp4Quant(),
         AllReduce(),
+        MoeEpDispatch(),
+        MoeEpCombine(),
     )
 }
 

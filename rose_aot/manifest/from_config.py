@@ -400,13 +400,16 @@ class DerivedManifest:
     config_fields: dict[str, Any]  # every config.json field read, with the value used
     defaulted: tuple[str, ...] = field(default=())  # fields taken from transformers' defaults
     description: str = ""
+    ep: int = 1  # expert-parallel ranks (--ep)
 
     def to_toml(self) -> str:
         lines = [
             f"# Derived by `rose-aot manifest from-config` from {_comment_text(self.source)}:",
             f"# {self.architecture}"
             + (f" (model_type {_comment_text(self.model_type)})" if self.model_type else "")
-            + f", tensor parallel {self.tp}, {self.dtype} activations.",
+            + f", tensor parallel {self.tp}"
+            + (f", expert parallel {self.ep}" if self.ep > 1 else "")
+            + f", {self.dtype} activations.",
         ]
         lines += _wrap_comment(
             "config.json: "
@@ -455,6 +458,7 @@ class DerivedManifest:
             "architecture": self.architecture,
             "model_type": self.model_type,
             "tp": self.tp,
+            "ep": self.ep,
             "dtype": self.dtype,
             "archs": list(self.archs),
             "kernels": [e.to_json() for e in self.entries],
@@ -477,6 +481,7 @@ def derive_manifest(
     path: str | os.PathLike = "config.json",
     name: str | None = None,
     tp: int = 1,
+    ep: int = 1,
     archs: tuple[str, ...] | None = None,
     dtype: str = "bfloat16",
 ) -> DerivedManifest:
@@ -485,6 +490,15 @@ def derive_manifest(
     label = str(path)
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ManifestError(label, f"--tp must be a positive integer (got {tp!r})", field="tp")
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ManifestError(label, f"--ep must be a positive integer (got {ep!r})", field="ep")
+    if ep > 1 and tp > 1:
+        raise ManifestError(
+            label,
+            f"--ep {ep} with --tp {tp}: expert parallelism is derived for data-parallel ranks "
+            "(tp 1) only; choose one",
+            field="ep",
+        )
     archs = tuple(archs) if archs else tuple(DEFAULT_ARCHS)
     for arch in archs:
         try:
@@ -520,6 +534,12 @@ def derive_manifest(
                 f"{experts} experts do not split evenly over --tp {tp} ranks; use a --tp that "
                 f"divides {experts}",
             )
+        if ep > 1 and experts % ep:
+            view.fail(
+                model.moe_field,
+                f"{experts} experts do not split evenly over --ep {ep} ranks; use an --ep that "
+                f"divides {experts}",
+            )
         moe = MoeFacts(**model.moe, tp=tp, experts_per_rank=experts // tp)
     facts = ModelFacts(
         hidden=model.hidden,
@@ -535,6 +555,7 @@ def derive_manifest(
         fp8_group=read_fp8_group(view),
         block_scaled=read_block_scaled(view),
         **read_mlp(view, architecture, tp),
+        ep=ep,
     )
     # Each registered family derives its own points (its folder's derive module).
     entries = [entry for family in FAMILIES.values() for entry in family.derive(facts)]
@@ -546,6 +567,8 @@ def derive_manifest(
         parts.append("Q/K head norms")
     if moe is not None:
         parts.append("MoE dispatch and combine")
+        if ep > 1:
+            parts.append(f"expert-parallel dispatch and combine over {ep} ranks")
     description = f"{architecture}, {dtype}, tp {tp}: " + ", ".join(parts)
 
     derived = DerivedManifest(
@@ -561,6 +584,7 @@ def derive_manifest(
         dict(view.read),
         tuple(view.defaulted),
         description,
+        ep,
     )
     for entry in entries:
         _validate(entry, view)

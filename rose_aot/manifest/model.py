@@ -91,3 +91,6 @@ class ModelFacts:
     fp8_group: int = 0
     block_scaled: str | None = None
     archs: tuple[str, ...] = ()  # the deployment's target archs
+    # Expert-parallel ranks over NVLink (``--ep N``): the MoE layers' experts split over N
+    # data-parallel ranks, tokens dispatched to them (moe_ep_dispatch / moe_ep_combine).
+    ep: int = 1

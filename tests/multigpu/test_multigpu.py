@@ -28,9 +28,19 @@ def _devices() -> int:
 @pytest.mark.skipif(_devices() < 2, reason="needs 2 CUDA devices")
 @pytest.mark.skipif(not os.environ.get("ROSE_AOT_TEST_BUNDLE"), reason="needs ROSE_AOT_TEST_BUNDLE")
 def test_all_reduce_on_two_gpus():
+    _run_checks()
+
+
+@pytest.mark.skipif(_devices() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.skipif(not os.environ.get("ROSE_AOT_TEST_BUNDLE"), reason="needs ROSE_AOT_TEST_BUNDLE")
+def test_expert_parallel_moe_on_two_gpus():
+    _run_checks("--ep")
+
+
+def _run_checks(*flags):
     env = {**os.environ, "NPROC": "2", "PYTHON": sys.executable}
-    result = subprocess.run(["bash", str(HERE / "run.sh")], capture_output=True, text=True,
-                            env=env, timeout=1200)
+    result = subprocess.run(["bash", str(HERE / "run.sh"), *flags], capture_output=True,
+                            text=True, env=env, timeout=1200)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-20000:]
     assert "FAIL" not in result.stdout, output[-20000:]
