@@ -44,8 +44,12 @@ for step in "$@"; do
                        | tee "$OUT/bench-moe-combine-sweep.log" ;;
         moe_fp8) python3 benchmarks/bench_dispatch_fp8.py build/bench-moe-fp8.rosebundle 2>&1 \
                      | tee "$OUT/bench-moe-fp8.log" ;;
-        act_quant) python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle 2>&1 \
-                       | tee "$OUT/bench-act-quant.log" ;;
+        act_quant)  # one process per family, so each family's tables survive a later timeout
+            for family in act_and_mul fp8_group_quant act_and_mul_fp8_quant block_scaled_quant \
+                          fp8_token_quant fp8_tensor_quant; do
+                python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle \
+                    --family "$family" 2>&1 | tee -a "$OUT/bench-act-quant.log"
+            done ;;
         overhead) python3 benchmarks/launch_overhead.py build/bench-norms.rosebundle 2>&1 \
                       | tee "$OUT/overhead.log" ;;
         pdl) python3 benchmarks/bench_pdl.py build/test.rosebundle 2>&1 | tee "$OUT/pdl.log" ;;

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-REPEATS = 5
+REPEATS = int(os.environ.get("ROSE_WARMUP_REPEATS", "5"))  # cold processes per model
 
 _GPU_PROBE = r"""
 import json, sys, time

@@ -39,7 +39,8 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
     poisoned [groups, tokens padded to 4] buffer."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
+    # Inputs are drawn on `device` (a CPU draw of 20011 x 28736 values takes seconds per point).
+    gen = torch.Generator(device=device).manual_seed(seed)
     dt = getattr(torch, config.dtype)
     if family_name in BLOCK_SCALED:
         return _block_scaled_case(family_name, config, tokens, gen, dt, device)
@@ -49,10 +50,11 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
         width, x_width = config.hidden, config.hidden
     else:
         width, x_width = config.d, 2 * config.d
-    x = torch.randn(tokens, x_width + 64, generator=gen)
+    x = torch.randn(tokens, x_width + 64, generator=gen, device=device)
     if family_name != "act_and_mul":
         group = config.group
-        mags = torch.logspace(-3, 3, 7)[torch.randint(0, 7, (tokens, x_width // group), generator=gen)]
+        mags = torch.logspace(-3, 3, 7, device=device)[
+            torch.randint(0, 7, (tokens, x_width // group), generator=gen, device=device)]
         x[:, :x_width] *= mags.repeat_interleave(group, dim=1)
         if tokens >= 3:  # an all-zero group and an all-equal group
             x[1, :group] = 0.0
@@ -65,7 +67,7 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
         out = torch.full((tokens, width), float("nan"), dtype=out_dt, device=device)
         from rose_aot.kernels.act_and_mul.reference import act_and_mul64
 
-        want = {"out": act_and_mul64(x_ref, config.d, config.activation).cpu()}  # unrounded
+        want = {"out": act_and_mul64(x_ref, config.d, config.activation)}  # unrounded
         return (x_dev, out), want, {"out": out}
     groups = width // config.group
     q = torch.full((tokens, width), E4M3_NAN, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
@@ -81,7 +83,7 @@ def make_case(family_name: str, config, tokens: int, seed: int, device: str = "c
     want_s = torch.empty(tokens, groups, device=device)
     get_family_reference(family_name)(config, x_ref, want_q, want_s)
     views = {"q": q, "scales": scales, "padding": padding}
-    return (x_dev, q, scales), {"q": want_q.cpu(), "scales": want_s.cpu()}, views
+    return (x_dev, q, scales), {"q": want_q, "scales": want_s}, views
 
 
 def _block_scaled_case(family_name, config, tokens, gen, dt, device):
@@ -90,8 +92,9 @@ def _block_scaled_case(family_name, config, tokens, gen, dt, device):
     fmt, h = config.format, config.hidden
     block = 16 if fmt == "nvfp4" else 32
     groups = h // block
-    x = torch.randn(tokens, h + 64, generator=gen)
-    mags = torch.logspace(-3, 3, 7)[torch.randint(0, 7, (tokens, groups), generator=gen)]
+    x = torch.randn(tokens, h + 64, generator=gen, device=device)
+    mags = torch.logspace(-3, 3, 7, device=device)[
+        torch.randint(0, 7, (tokens, groups), generator=gen, device=device)]
     x[:, :h] *= mags.repeat_interleave(block, dim=1)
     if tokens >= 3:
         x[1, :block] = 0.0
@@ -101,11 +104,12 @@ def _block_scaled_case(family_name, config, tokens, gen, dt, device):
     x_dev = x.to(device)[:, :h]
     qdt = torch.float8_e4m3fn if fmt == "mxfp8" else torch.float4_e2m1fn_x2
     sdt = torch.float8_e4m3fn if fmt == "nvfp4" else torch.float8_e8m0fnu
-    q = torch.full((tokens, h if fmt == "mxfp8" else h // 2), 0xFF, dtype=torch.uint8)
+    q = torch.full((tokens, h if fmt == "mxfp8" else h // 2), 0xFF, dtype=torch.uint8, device=device)
     if config.scale_layout == "row_major":
-        s = torch.full((tokens, groups), 0xEE, dtype=torch.uint8)
+        s = torch.full((tokens, groups), 0xEE, dtype=torch.uint8, device=device)
     else:
-        s = torch.full((-(-tokens // 128) * 128, -(-groups // 4) * 4), 0xEE, dtype=torch.uint8)
+        s = torch.full((-(-tokens // 128) * 128, -(-groups // 4) * 4), 0xEE, dtype=torch.uint8,
+                       device=device)
     want_q, want_s = q.clone().to(device), s.clone().to(device)
     inputs = [x_ref]
     dev_inputs = [x_dev]
@@ -116,7 +120,7 @@ def _block_scaled_case(family_name, config, tokens, gen, dt, device):
         dev_inputs.append(g)
     get_family_reference(family_name)(config, *inputs, want_q.view(qdt), want_s.view(sdt))
     q_dev, s_dev = q.to(device).view(qdt), s.to(device).view(sdt)
-    want = {"q": want_q.cpu(), "scales": want_s.cpu()}
+    want = {"q": want_q, "scales": want_s}
     return (*dev_inputs, q_dev, s_dev), want, {"q": q_dev, "scales": s_dev}
 
 
@@ -145,11 +149,14 @@ def _first_bad(mask) -> list[int]:
 
 
 def compare(family_name: str, config, want: dict, views: dict, label: str) -> None:
-    """Raise AssertionError naming the first bad index when the outputs miss the tolerances."""
+    """Raise AssertionError naming the first bad index when the outputs miss the tolerances.
+    The comparison runs where `want` lives (the GPU for the test suite's cases)."""
     import torch
 
+    dev = next(v for v in want.values() if v is not None).device
+
     if family_name == "act_and_mul":
-        got = views["out"].cpu().double()
+        got = views["out"].to(dev).double()
         exact = want["out"]
         nan = torch.isnan(got)
         assert not nan.any(), f"{label}: NaN in out (unwritten element?) at {_first_bad(nan)}"
@@ -166,7 +173,7 @@ def compare(family_name: str, config, want: dict, views: dict, label: str) -> No
         return
     if family_name in BLOCK_SCALED:
         for name in ("q", "scales"):
-            got = views[name].cpu().view(torch.uint8)
+            got = views[name].to(dev).view(torch.uint8)
             bad = got != want[name]
             if bad.any():
                 i = tuple(_first_bad(bad))
@@ -175,13 +182,13 @@ def compare(family_name: str, config, want: dict, views: dict, label: str) -> No
                     f"{got[i].item():#04x} want {want[name][i].item():#04x}"
                 )
         return
-    q = views["q"].cpu().view(torch.uint8)
-    s = views["scales"].cpu()
+    q = views["q"].to(dev).view(torch.uint8)
+    s = views["scales"].to(dev)
     wq = want["q"].view(torch.uint8)
     ws = want["scales"]
     assert not torch.isnan(s).any(), f"{label}: NaN scale (unwritten?) at {_first_bad(torch.isnan(s))}"
     if views.get("padding") is not None:
-        assert torch.isnan(views["padding"].cpu()).all(), f"{label}: the scale padding was written"
+        assert torch.isnan(views["padding"]).all(), f"{label}: the scale padding was written"
     q_nan = (q & 0x7F) == 0x7F
     w_nan = (wq & 0x7F) == 0x7F
     if family_name == "fp8_group_quant":
@@ -213,7 +220,7 @@ def compare(family_name: str, config, want: dict, views: dict, label: str) -> No
             f"{_first_bad(~same)}"
         )
     assert not q_nan.any(), f"{label}: NaN code (unwritten?) at {_first_bad(q_nan)}"
-    got_v = views["q"].cpu().float().double()
+    got_v = views["q"].to(dev).float().double()
     want_v = want["q"].float().double()
     mask = same.repeat_interleave(config.group, dim=1)
     # e4m3 spacing at the reference value: 2^(e-3) in the normal range, 2^-9 below 2^-6
