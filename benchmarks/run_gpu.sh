@@ -13,15 +13,20 @@
 #
 # STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
 # overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun). Logs go to $OUT
-# (or benchmarks/results); GPU_TESTS narrows the tests step to some files. NVLink multicast
-# stays off in every process started here.
+# (or benchmarks/results). GPU_TESTS narrows the tests step to some files; ACT_QUANT_TOKENS and
+# SWEEP_TOKENS set the token counts of act_quant and moe_sweep. NVLink multicast stays off in
+# every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-benchmarks/results}"
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+# Installed once per machine (benchmarks/gpu_all.sh runs several of these jobs at once).
+if [ ! -f /tmp/site/.rose-aot-wheels ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    touch /tmp/site/.rose-aot-wheels
+fi
 export PYTHONPATH="/tmp/site:$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 status=0
@@ -40,7 +45,8 @@ for step in "$@"; do
                         --family rms_norm --hidden 5120,6144,8192 --name wide 2>&1 \
                         | tee "$OUT/bench-norms-wide.log" ;;
         moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
-        moe_sweep) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle --combine-sweep 2>&1 \
+        moe_sweep) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle --combine-sweep \
+                       ${SWEEP_TOKENS:+--sweep-tokens "$SWEEP_TOKENS"} 2>&1 \
                        | tee "$OUT/bench-moe-combine-sweep.log" ;;
         moe_fp8) python3 benchmarks/bench_dispatch_fp8.py build/bench-moe-fp8.rosebundle 2>&1 \
                      | tee "$OUT/bench-moe-fp8.log" ;;
@@ -48,7 +54,8 @@ for step in "$@"; do
             for family in act_and_mul fp8_group_quant act_and_mul_fp8_quant block_scaled_quant \
                           fp8_token_quant fp8_tensor_quant; do
                 python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle \
-                    --family "$family" 2>&1 | tee -a "$OUT/bench-act-quant.log"
+                    --family "$family" ${ACT_QUANT_TOKENS:+--tokens "$ACT_QUANT_TOKENS"} 2>&1 \
+                    | tee -a "$OUT/bench-act-quant.log"
             done ;;
         overhead) python3 benchmarks/launch_overhead.py build/bench-norms.rosebundle 2>&1 \
                       | tee "$OUT/overhead.log" ;;

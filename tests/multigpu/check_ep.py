@@ -269,7 +269,11 @@ def check_point(bundle, ws, c, combine_dtype, t0, t_other, routing, rank, world,
     all_w = gather_var(weights, counts)
     all_scales = gather_var(scales, counts) if scales is not None else None
     send_slots = gather_var(bufs.send_slots[:tokens].contiguous(), counts)
-    problems = check_dispatch(c, ws, bufs, counts, all_x, all_ids, all_scales, send_slots, rank)
+    try:
+        problems = check_dispatch(c, ws, bufs, counts, all_x, all_ids, all_scales, send_slots, rank)
+    except Exception as exc:  # noqa: BLE001 - reported below; the combine must still run, or
+        # every rank's next dispatch waits forever for this step's combine (the protocol)
+        problems = [f"checking the dispatch raised {type(exc).__name__}: {exc}"]
 
     L = c.num_experts // world
     y = run_expert(bufs.out, bufs.expert_offsets, rank * L)

@@ -104,7 +104,8 @@ def bits(t):
     """The raw bits of a float tensor (NaN-safe bitwise comparison)."""
     import torch
 
-    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t.contiguous().view(
+        {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def bitwise_problem(what: str, got, want) -> str | None:
