@@ -141,21 +141,27 @@ def test_plan_grids_cover_every_token(family, width, arch):
             assert (gy, gz) == (v.constants["col_blocks"], 1)
             if force is None:
                 chosen.append(launch.variant)
-    assert chosen[0] == "decode" and chosen[-1] == "prefill"
-    # the switch happens once and moves with the SM count of the device
-    assert chosen == sorted(chosen)
+    if family == "act_and_mul":
+        # measured faster at every width and token count on the H200 (act_and_mul/tuning.py)
+        assert set(chosen) == {"decode"}
+    else:
+        assert chosen[0] == "decode" and chosen[-1] == "prefill"
+        # the switch happens once and moves with the SM count of the device
+        assert chosen == sorted(chosen)
     with pytest.raises(ConfigError):
         fam.plan(c, variants, {"tokens": 5}, a.sm_count, "bogus")
 
 
 def test_plan_switch_point_grows_with_sm_count():
-    fam, c = _point("act_and_mul", d=4096)
+    # fp8_group_quant keeps the decode/prefill switch (act_and_mul plans decode at every size)
+    fam, c = _point("fp8_group_quant", hidden=4096)
     variants = {v.name: v for v in fam.variants(c, get_arch("sm_90a"))}
 
     def switch(sm):
         t = 1
         while fam.plan(c, variants, {"tokens": t}, sm)[0].variant == "decode":
             t += 1
+            assert t < 1 << 20, "no switch to prefill"
         return t
 
     assert switch(78) < switch(132) < switch(160)

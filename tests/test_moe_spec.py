@@ -308,28 +308,30 @@ def test_combine_plan_splits_rows_below_one_token_per_sm():
     c = COMBINE.make_config(top_k=8, hidden=7168)
     chunks = _variants(COMBINE, c, a)["split"].constants["chunks"]
     assert chunks == 28  # 7168 bf16 = 896 vectors of 16 bytes, 32 per block
-    for tokens in (1, 2, 16, 64, 128, 131):
+    # split while the grid has at most 8 blocks per SM (1056 here: 37 tokens of 28 blocks)
+    for tokens in (1, 2, 16, 37):
         (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
         assert (launch.variant, launch.grid) == ("split", (tokens * chunks, 1, 1)), tokens
-    (launch,) = _plan(COMBINE, c, a, {"tokens": 132})
-    assert (launch.variant, launch.grid) == ("decode", (132, 1, 1))
+    for tokens in (38, 64, 132):
+        (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
+        assert (launch.variant, launch.grid) == ("decode", (tokens, 1, 1)), tokens
     (launch,) = _plan(COMBINE, c, a, {"tokens": 8192})
     assert launch.variant == "prefill"
     assert _plan(COMBINE, c, a, {"tokens": 0}) == ()
     assert _plan(COMBINE, c, a, {"tokens": 0}, "split") == ()
 
 
-def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid_at_one_wave():
+def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid():
     c = COMBINE.make_config(top_k=8, hidden=7168)
     variants = _variants(COMBINE, c, ARCHS["sm_90a"])
-    assert COMBINE.plan(c, variants, {"tokens": 100}, 132)[0].variant == "split"
-    assert COMBINE.plan(c, variants, {"tokens": 100}, 78)[0].variant == "decode"  # H20
-    # hidden 16384 bf16: 64 one-warp blocks per token; at most 32 resident blocks per SM
+    assert COMBINE.plan(c, variants, {"tokens": 37}, 132)[0].variant == "split"  # 1036 blocks
+    assert COMBINE.plan(c, variants, {"tokens": 37}, 78)[0].variant == "decode"  # H20: > 624
+    # hidden 16384 bf16: 64 one-warp blocks per token; at most 8 blocks per SM (tuning.py)
     wide = COMBINE.make_config(top_k=8, hidden=16384)
     wv = _variants(COMBINE, wide, ARCHS["sm_90a"])
     assert wv["split"].constants["chunks"] == 64
-    assert COMBINE.plan(wide, wv, {"tokens": 66}, 132)[0].variant == "split"  # 4224 blocks
-    assert COMBINE.plan(wide, wv, {"tokens": 67}, 132)[0].variant == "decode"
+    assert COMBINE.plan(wide, wv, {"tokens": 16}, 132)[0].variant == "split"  # 1024 blocks
+    assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "decode"
 
 
 @pytest.mark.parametrize("force", ["decode", "prefill", "split"])

@@ -9,8 +9,8 @@ silu and gelu_tanh as a / (1 + exp(-k)), gelu as 0.5 a erfc(-a / sqrt 2).
 Work split (chunked_rows.py): each thread loads full-width vectors of a and b, so every global
 access is 128-bit on sm_90a and 256-bit on sm_100a when d allows. The decode variant spreads one
 token over many small blocks (one vector per thread); prefill packs 4 vectors per thread into
-wide blocks. The plan picks decode while the whole batch is at most DECODE_WARPS_PER_SM warps
-per SM of work at one vector per thread.
+wide blocks. The plan picks decode at every token count (measured faster on the H200 at every
+width and token count, see tuning.py); prefill stays as a forced variant for comparison.
 """
 
 from __future__ import annotations
@@ -101,5 +101,7 @@ class ActAndMul(KernelFamily):
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM, force)
+        # Decode at every size: measured faster than the prefill shape everywhere (tuning.py).
+        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM,
+                              force or "decode")
         return () if chosen is None else (chosen,)

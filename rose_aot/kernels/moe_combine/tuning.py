@@ -9,10 +9,16 @@ a token and the one-block-per-token decode reaches the copy bandwidth (3.80 µs,
 
 So below one token per SM the split variant gives each token's row to several one-warp blocks
 (a 512-byte chunk of every row per block on sm_90a, 1 KB on sm_100a), using every SM; from one
-token per SM on, the decode/prefill rule of rms_norm applies. These thresholds follow from the
-measurements above, not yet from a sweep of the split variant itself:
-`python benchmarks/bench_moe.py BUNDLE --combine-sweep` times every variant forced at 1-128
-tokens for top-2/4/8 next to torch.compile, which is the measurement to revise them with.
+token per SM on, the decode/prefill rule of rms_norm applies.
+
+The sweep of the split variant (`python benchmarks/bench_moe.py BUNDLE --combine-sweep`, H200,
+2026-11-30, benchmarks/results/moe-combine-sweep-h200.log: top-2/4 x hidden 2048-7168 x 1-128
+tokens, every variant forced, torch.compile next to it; the run's time limit stopped it before
+top-8 and the last top-4 points) set the block limit: split is fastest
+at one token everywhere (0.82-0.95 µs against decode 1.00-1.52 and torch.compile 1.44-1.76)
+and mostly up to about 1000 blocks (top-4, T=64 at hidden 4096: 1.91 vs decode 2.03), slower
+beyond (top-2, T=128 at hidden 4096: 3.12 vs 1.96; T=64 at hidden 6144: 2.50 vs 1.69), where one-warp blocks
+stop paying for themselves. Hence at most 8 blocks per SM (1056 on an H200).
 """
 
 from __future__ import annotations
@@ -24,6 +30,5 @@ __all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM"]
 SPLIT_WARPS = 1
 # Split while tokens < SPLIT_MAX_TOKENS_PER_SM x SMs: below that the decode grid leaves SMs idle.
 SPLIT_MAX_TOKENS_PER_SM = 1
-# ...and while its grid fits one wave of resident blocks (Hopper and Blackwell run at most 32
-# blocks per SM), so each block's griddepcontrol prologue is paid once, in parallel.
-SPLIT_MAX_BLOCKS_PER_SM = 32
+# ...and while its grid has at most this many blocks per SM (measured: see above).
+SPLIT_MAX_BLOCKS_PER_SM = 8
