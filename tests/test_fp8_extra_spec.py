@@ -5,7 +5,6 @@ real compiles for sm_90a and sm_100a with PTX facts."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 

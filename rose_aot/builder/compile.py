@@ -18,7 +18,7 @@ from ..archs import Arch, get_arch
 from ..bundle.cubin import read_cubin
 from ..kernels import get_family
 from ..kernels.record import PointRecord, VariantRecord
-from ..kernels.spec import Dim, ScalarArg, TensorArg
+from ..kernels.spec import Dim, ScalarArg
 from .ptx import parse_entries
 
 __all__ = ["CompiledPoint", "compile_point", "check_variant"]

@@ -34,8 +34,6 @@ def expected_layout(c, all_ids, rank: int):
 def reference(c, all_x, all_ids, rank, out, offsets, all_scales=None, out_scales=None) -> None:
     """Writes rank `rank`'s out (rows of each expert in sender, then (token, k) order; padding
     zero), expert_offsets and, for float8, out_scales."""
-    import torch
-
     starts, copies = expected_layout(c, all_ids, rank)
     offsets.copy_(starts.to(offsets.dtype))
     out.zero_()
