@@ -49,7 +49,7 @@ def environment() -> dict:
         driver = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, check=True,
-        ).stdout.strip()
+        ).stdout.strip().splitlines()[0]  # one line per visible GPU: all run one driver
     except (OSError, subprocess.CalledProcessError):
         pass
     return {
