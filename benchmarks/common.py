@@ -46,10 +46,11 @@ def environment() -> dict:
 
     driver = "?"
     try:
-        driver = subprocess.run(
+        lines = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, check=True,
-        ).stdout.strip().splitlines()[0]  # one line per visible GPU: all run one driver
+        ).stdout.split()
+        driver = lines[0] if lines else "?"  # one line per GPU: all run one driver
     except (OSError, subprocess.CalledProcessError):
         pass
     return {
