@@ -17,6 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from act_quant_cases import compare, make_case  # noqa: E402
 import dispatch_fp8_cases  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fp8_extra_cases  # noqa: E402
+
 # the activation / quantization families: their inputs and checks come from act_quant_cases
 ACT_QUANT = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",
              "nvfp4_quant")
@@ -42,6 +45,15 @@ def main(path: str) -> None:
             continue
         config = family.make_config(**point["config"])
         handle = bundle.kernel(point["family"], **point["config"])
+        if point["family"] in ("fp8_token_quant", "fp8_tensor_quant"):  # bit-exact cases
+            for variant, tokens in (("decode", 3), ("prefill", 1001)):
+                args, want, views = fp8_extra_cases.make_case(point["family"], config, tokens,
+                                                              seed=tokens)
+                handle(*args, variant=variant)
+                torch.cuda.synchronize()
+                fp8_extra_cases.compare(want, views, f"{handle.key} {variant}")
+                print(f"ok {handle.key} {variant} T={tokens}", flush=True)
+            continue
         if point["family"] in ACT_QUANT:  # strided inputs, scale layouts, packed dtypes
             for variant, tokens in (("decode", 3), ("prefill", 1001)):
                 args, want, views = make_case(point["family"], config, tokens, seed=tokens)
@@ -63,6 +75,8 @@ def main(path: str) -> None:
         runs = [("decode", 3), ("prefill", 1001)]
         if "small" in family.plan_choices:  # moe_dispatch: redundant routing, no barrier
             runs.insert(0, ("small", 3))
+        if "split" in family.plan_choices:  # moe_combine: one token's row over many blocks
+            runs.insert(0, ("split", 3))
         for variant, tokens in runs:
             if point["family"] == "moe_dispatch" and tokens > 3:
                 tokens = 301  # prefill route + copy
