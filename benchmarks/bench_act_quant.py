@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
 
-from common import bench_us, copy_bandwidth_tbs, environment, out_dir  # noqa: E402
+from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
 
 WIDTHS = [2048, 4096, 7168, 14336]
 TOKENS = [1, 16, 128, 1024, 8192, 32768]
@@ -400,11 +400,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
-    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    parser.add_argument("--widths", default=",".join(map(str, WIDTHS)))
+    parser.add_argument("--tokens", type=int_list, default=TOKENS)
+    parser.add_argument("--widths", type=int_list, default=WIDTHS)
     args = parser.parse_args()
-    tokens = [int(t) for t in args.tokens.split(",")]
-    widths = [int(w) for w in args.widths.split(",")]
+    tokens, widths = args.tokens, args.widths
     if not torch.cuda.is_available():
         sys.exit("bench_act_quant.py needs a CUDA GPU")
 

@@ -23,7 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_moe import torch_dispatch  # noqa: E402
-from common import bench_us, copy_bandwidth_tbs, environment, out_dir  # noqa: E402
+from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
 
 EXPERTS, TOP_K, GROUP = 128, 8, 128
 TOKENS = [1, 4, 16, 32, 64, 128, 256, 1024, 8192]
@@ -62,9 +62,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
-    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--tokens", type=int_list, default=TOKENS)
     args = parser.parse_args()
-    tokens_list = [int(t) for t in args.tokens.split(",")]
+    tokens_list = args.tokens
     out = out_dir(os.path.join(os.path.dirname(__file__), "results"))
     env = environment()
     copy_tbs = copy_bandwidth_tbs()

@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import bench_us, copy_bandwidth_tbs, environment, out_dir  # noqa: E402
+from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
 TOKENS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 8192]
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("bundle")
     parser.add_argument("--combine-sweep", action="store_true",
                         help="only the combine comparison at decode sizes (top-2/4/8)")
-    parser.add_argument("--sweep-tokens", default="1,2,4,8,16,32,64,128",
+    parser.add_argument("--sweep-tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128],
                         help="token counts of --combine-sweep (comma-separated)")
     args = parser.parse_args()
     out = out_dir(os.path.join(os.path.dirname(__file__), "results"))
@@ -140,7 +140,7 @@ def main() -> None:
     bundle = open_bundle(args.bundle)
     bundle.preload()
     if args.combine_sweep:
-        tokens = [int(t) for t in args.sweep_tokens.split(",") if t.strip()]
+        tokens = args.sweep_tokens
         combine_sweep(bundle, tokens, out, env, copy_tbs)
         return
     dispatch_compiled = torch.compile(torch_dispatch)

@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import bench_us, copy_bandwidth_tbs, environment, out_dir  # noqa: E402
+from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
 
 QK_SHAPES = [(32, 4, 128), (32, 8, 128), (8, 4, 256)]
 HIDDENS = [2048, 4096, 7168]
@@ -205,13 +205,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("--family", choices=["qk_norm", "rms_norm", "all"], default="all")
-    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    parser.add_argument("--hidden", default=",".join(map(str, HIDDENS)),
+    parser.add_argument("--tokens", type=int_list, default=TOKENS)
+    parser.add_argument("--hidden", type=int_list, default=HIDDENS,
                         help="rms_norm hidden sizes (the bundle must hold their points)")
     parser.add_argument("--name", default="", help="suffix of the result files")
     args = parser.parse_args()
-    tokens = [int(t) for t in args.tokens.split(",")]
-    hiddens = [int(h) for h in args.hidden.split(",")]
+    tokens, hiddens = args.tokens, args.hidden
 
     torch.manual_seed(0)
     out = out_dir(os.path.join(os.path.dirname(__file__), "results"))

@@ -8,6 +8,19 @@ import platform
 import subprocess
 
 
+def int_list(text: str) -> list[int]:
+    """argparse type of a comma-separated list of positive integers ("1,128,8192")."""
+    import argparse
+
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers")
+    return values
+
+
 def bench_us(fn, rep_ms: int = 60) -> float:
     """Median GPU time of one call in µs, replayed in a CUDA graph (triton's do_bench_cudagraph)."""
     import triton.testing

@@ -25,7 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-REPEATS = int(os.environ.get("ROSE_WARMUP_REPEATS", "5"))  # cold processes per model
+_repeats = os.environ.get("ROSE_WARMUP_REPEATS", "5")  # cold processes per model
+if not _repeats.isdigit() or int(_repeats) < 1:
+    sys.exit(f"ROSE_WARMUP_REPEATS must be a positive integer (got {_repeats!r})")
+REPEATS = int(_repeats)
 # ROSE_WARMUP_CONTEXT_FIRST=1: each probe creates its CUDA context before the clock starts, so
 # preload_ms excludes it (the context's own cost is reported as context_ms). Off by default:
 # the 2026-11-30 figures in the README were measured with the context inside preload.

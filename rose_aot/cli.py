@@ -503,9 +503,10 @@ def from_config(config, tp, ep, archs, dtype, name, output, as_json):
 
     Knows Qwen3 (dense and MoE), Llama, Mistral, Mixtral, Gemma 3, DeepSeek-V3 and gpt-oss:
     rms_norm points for the decoder norms (plain and fused residual add), qk_norm for models
-    with per-head Q/K norms, with eps, head_dim and Gemma's weight offset. MoE layers (experts,
-    top-k, hidden, experts per rank under --tp) are not turned into MoE kernel points yet: they
-    are written as a comment block and in --json.
+    with per-head Q/K norms, with eps, head_dim and Gemma's weight offset; moe_dispatch /
+    moe_combine for MoE layers (the rank's experts under --tp); gated activation and FP8 /
+    NVFP4 / MXFP4 quantization points from hidden_act and quantization_config; all_reduce
+    points under --tp, expert-parallel dispatch/combine under --ep (2-8 ranks).
     """
     from .manifest.from_config import manifest_from_config
 

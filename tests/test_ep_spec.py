@@ -372,6 +372,10 @@ def test_from_config_ep_errors_name_the_problem():
         manifest_from_config(CONFIGS / "qwen3-30b-a3b", ep=3)
     with pytest.raises(ManifestError, match="--ep"):
         manifest_from_config(CONFIGS / "qwen3-30b-a3b", ep=0)
+    # 16 divides the experts but is more ranks than the kernels serve: an error, not a manifest
+    # silently without the expert-parallel points
+    with pytest.raises(ManifestError, match="--ep 16: .*2-8 ranks"):
+        manifest_from_config(CONFIGS / "deepseek-v3", ep=16)
 
 
 def test_cli_from_config_takes_ep_and_dp():
@@ -405,6 +409,38 @@ def test_ep_module_imports_no_cutlass_and_refuses_multicast_env():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_expert_parallel_moe_refuses_bad_requests_with_its_own_error(tiny_build):
+    # Wrong sizes, no process group, no GPU: DistributedError before any device or group call
+    # (a one-process gloo group on the CPU machine stands in for torchrun).
+    code = (
+        "import os, sys\n"
+        "os.environ['NCCL_NVLS_ENABLE'] = '0'\n"
+        "os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST'] = '1'\n"
+        "import torch.distributed as dist\n"
+        "from rose_aot.distributed import ExpertParallelMoe, DistributedError\n"
+        "from rose_aot import open_bundle\n"
+        "bundle = open_bundle(sys.argv[1])\n"
+        "good = dict(num_experts=16, top_k=4, hidden=512, max_tokens=8)\n"
+        "def refused(kw, text):\n"
+        "    try:\n"
+        "        ExpertParallelMoe(bundle, **{**good, **kw})\n"
+        "    except DistributedError as e:\n"
+        "        assert text in str(e), (kw, str(e))\n"
+        "    else:\n"
+        "        raise SystemExit(f'accepted {kw}')\n"
+        "refused({}, 'not initialised')\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+        "refused({'max_tokens': 'x'}, \"max_tokens='x'\")\n"
+        "refused({'top_k': 0, 'hidden': True}, 'top_k=0, hidden=True')\n"
+        "refused({}, 'CUDA device')\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(tiny_build.path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
 def test_ep_scripts_parse_and_the_launcher_runs_them():

@@ -51,12 +51,7 @@ class EpWorkspace:
         import torch
         import torch.distributed as dist
 
-        check_no_multicast_env()
-        if not dist.is_available() or not dist.is_initialized():
-            raise DistributedError(
-                "torch.distributed is not initialised: launch with torchrun and call "
-                "dist.init_process_group('nccl') first"
-            )
+        _check_request(num_experts, top_k, hidden, max_tokens)
         group = group if group is not None else dist.group.WORLD
         self.group = group
         self.rank = dist.get_rank(group)
@@ -71,10 +66,6 @@ class EpWorkspace:
             raise DistributedError(f"token dtype {dtype} is not one of {', '.join(_ELEM_BYTES)}")
         if num_experts % W:
             raise DistributedError(f"{num_experts} experts do not split over {W} ranks")
-        if max_tokens < 1 or hidden < 1 or top_k < 1:
-            raise DistributedError(
-                f"max_tokens, hidden and top_k must be >= 1 (got {max_tokens}, {hidden}, {top_k})"
-            )
         self.num_experts, self.top_k, self.hidden = num_experts, top_k, hidden
         self.local_experts = num_experts // W
         self.dtype, self.scale_group = dtype, scale_group
@@ -153,6 +144,31 @@ _workspaces: dict[tuple, EpWorkspace] = {}
 _lock = threading.Lock()
 
 
+def _check_request(num_experts, top_k, hidden, max_tokens) -> None:
+    """What every entry point checks before touching the process group or a device: multicast
+    off, torch.distributed initialised, positive integer sizes."""
+    import torch.distributed as dist
+
+    check_no_multicast_env()
+    if not dist.is_available() or not dist.is_initialized():
+        raise DistributedError(
+            "torch.distributed is not initialised: launch with torchrun and call "
+            "dist.init_process_group('nccl') first"
+        )
+    import torch
+
+    values = {"num_experts": num_experts, "top_k": top_k, "hidden": hidden,
+              "max_tokens": max_tokens}
+    bad = {k: v for k, v in values.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1}
+    if bad:
+        raise DistributedError(
+            "expert-parallel sizes must be positive integers: "
+            + ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        )
+    if not torch.cuda.is_available():
+        raise DistributedError("expert parallelism needs a CUDA device per rank; none is usable")
+
+
 def ep_workspace_for(group, *, num_experts: int, top_k: int, hidden: int, max_tokens: int,
                      dtype: str = "bfloat16", scale_group: int = 0,
                      device: int | None = None) -> EpWorkspace:
@@ -161,6 +177,7 @@ def ep_workspace_for(group, *, num_experts: int, top_k: int, hidden: int, max_to
     import torch
     import torch.distributed as dist
 
+    _check_request(num_experts, top_k, hidden, max_tokens)
     group = group if group is not None else dist.group.WORLD
     device = torch.cuda.current_device() if device is None else device
     size = 1

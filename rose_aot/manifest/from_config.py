@@ -35,6 +35,7 @@ from ..bundle.format import MAGIC as BUNDLE_MAGIC
 from ..errors import ConfigError, ManifestError
 from ..kernels import FAMILIES, get_family
 from ..kernels.act_and_mul.derive import read_mlp
+from ..kernels.moe_ep_dispatch.protocol import MAX_RANKS as EP_MAX_RANKS
 from ..kernels.block_scaled_quant.derive import read_block_scaled
 from ..kernels.fp8_group_quant.derive import read_fp8_group
 from .model import KernelEntry, ModelFacts, MoeFacts, fp8_block_size
@@ -492,6 +493,13 @@ def derive_manifest(
         raise ManifestError(label, f"--tp must be a positive integer (got {tp!r})", field="tp")
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
         raise ManifestError(label, f"--ep must be a positive integer (got {ep!r})", field="ep")
+    if ep > EP_MAX_RANKS:
+        raise ManifestError(
+            label,
+            f"--ep {ep}: expert parallelism over NVLink is built for 2-{EP_MAX_RANKS} ranks of "
+            f"one node; use --ep {EP_MAX_RANKS} or fewer",
+            field="ep",
+        )
     if ep > 1 and tp > 1:
         raise ManifestError(
             label,
