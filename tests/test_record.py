@@ -222,15 +222,17 @@ def test_loader_packs_from_the_record_not_from_the_family(tiny_build):
     positions = {a.name: i for i, a in enumerate(record.args)}
     x = record.variant("decode").params[0]
     assert [f.kind for f in x.fields] == ["ptr", "extent", "stride"]
+    # the generated pack the loader's hot path uses: atoms (pointer, extent, stride) of x
+    atoms = {(0, "ptr", 0): "a[0]", (0, "extent", 0): "a[1]", (0, "stride", 0): "a[2]"}
     packer = ParamPacker(positions, (x,))
-    packer.pack(packer.fast_values([(7, 1024)], [(2048, 1)], [0x1000]))
+    packer.compile(atoms, len(record.args))((0x1000, 7, 2048), ())
     assert struct.unpack_from("<Qiiq", bytes(packer.buffer)) == (0x1000, 7, 0, 2048)
 
     ptr, extent, stride = x.fields
     moved = dataclasses.replace(x, fields=(ptr, dataclasses.replace(stride, offset=8),
                                            dataclasses.replace(extent, offset=16)))
     packer = ParamPacker(positions, (moved,))
-    packer.pack(packer.fast_values([(7, 1024)], [(2048, 1)], [0x1000]))
+    packer.compile(atoms, len(record.args))((0x1000, 7, 2048), ())
     assert struct.unpack_from("<Qqi", bytes(packer.buffer)) == (0x1000, 2048, 7)
 
 

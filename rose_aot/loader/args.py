@@ -287,8 +287,9 @@ class ParamPacker:
     rewrites the buffer with one struct call."""
 
     def __init__(self, positions: dict[str, int], params: tuple[ParamRecord, ...]):
-        """`positions`: argument name -> its index in the values passed to `fast_values` /
-        `values` (call arguments, then workspace)."""
+        """`positions`: argument name -> its index in the values passed to `values` (call
+        arguments, then workspace); `compile` generates the hot path's pack from the same
+        layout."""
         fmt = "<"
         offset = 0
         offsets = []
@@ -316,18 +317,6 @@ class ParamPacker:
         out = []
         for i, kind, _mode, dim in self._sources:
             out.append(values[i] if kind in ("ptr", "scalar") else dims[dim])
-        return out
-
-    def fast_values(self, shapes, strides, values) -> list:
-        """Parameter values straight from `ArgBinder.fast_bind`'s result."""
-        out = []
-        for i, kind, mode, _dim in self._sources:
-            if kind == "ptr" or kind == "scalar":
-                out.append(values[i])
-            elif kind == "extent":
-                out.append(shapes[i][mode])
-            else:
-                out.append(strides[i][mode])
         return out
 
     def compile(self, atoms: dict[tuple[int, str, int], str], workspace_start: int):
