@@ -32,7 +32,6 @@ combine): 153 GB/s dispatch, 158 GB/s combine NVLink bottleneck bandwidth.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -40,18 +39,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+sys.path.insert(0, HERE)
+from common import multigpu_common  # noqa: E402
 
-def _multigpu_common():
-    """tests/multigpu/common.py (setup with NVLink multicast off), loaded by path:
-    benchmarks/common.py has the same module name."""
-    path = os.path.join(HERE, "..", "tests", "multigpu", "common.py")
-    spec = importlib.util.spec_from_file_location("rose_multigpu_common", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-    return module
-
-
-_mg = _multigpu_common()
+_mg = multigpu_common()  # sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 log, setup = _mg.log, _mg.setup
 
 SHAPES = [(7168, 256, 8), (2048, 128, 8)]  # (hidden, experts, top_k)

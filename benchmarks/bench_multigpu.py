@@ -20,23 +20,14 @@ import argparse
 import json
 import os
 import statistics
-
-import importlib.util
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+sys.path.insert(0, HERE)
+from common import multigpu_common  # noqa: E402
 
-def _multigpu_common():
-    """tests/multigpu/common.py (setup with NVLink multicast off, logging), loaded by path:
-    benchmarks/common.py has the same module name."""
-    path = os.path.join(HERE, "..", "tests", "multigpu", "common.py")
-    spec = importlib.util.spec_from_file_location("rose_multigpu_common", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-    return module
-
-
-_mg = _multigpu_common()
+_mg = multigpu_common()  # sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 log, setup = _mg.log, _mg.setup
 
 KB, MB = 1024, 1024 * 1024

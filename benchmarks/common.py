@@ -8,6 +8,19 @@ import platform
 import subprocess
 
 
+def multigpu_common():
+    """tests/multigpu/common.py (process-group setup with NVLink multicast off, logging), loaded
+    by path for the multi-GPU benchmarks: it has this module's name."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "multigpu",
+                        "common.py")
+    spec = importlib.util.spec_from_file_location("rose_multigpu_common", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+    return module
+
+
 def int_list(text: str) -> list[int]:
     """argparse type of a comma-separated list of positive integers ("1,128,8192")."""
     import argparse
