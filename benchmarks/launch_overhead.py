@@ -4,9 +4,10 @@
 
 Times N back-to-back launches of a decode-sized qk_norm (1 token) with the host clock; the GPU
 work per launch is far below the host cost, so the figure is host time. The same loop is timed
-for the pieces of a launch (argument checks; the driver call with packed parameters) and for a
-torch eager op as a peer, and for the floors: the same prepacked launch through the plain
-cuLaunchKernel entry point and through cuda.bindings' wrapper.
+for the pieces of a launch (the generated hot path without the handle's __call__; the argument
+checks alone; the driver call with packed parameters) and for a torch eager op as a peer, and
+for the floors: the same prepacked launch through the plain cuLaunchKernel entry point and
+through cuda.bindings' wrapper.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
         print(f"torch ops not measured: {exc}")
     out = {
         "rose_aot_call_us": per_call(lambda: handle(*args)),
+        "hot_path_us": per_call(lambda: handle._fast_launch(args)),  # all but __call__ itself
         "argument_checks_us": per_call(lambda: binder.fast_bind(args)),
         "checks_and_pack_us": per_call(lambda: pack(binder.fast_bind(args)[2], ())),
         "launch_attributes": list(prepared.attributes),

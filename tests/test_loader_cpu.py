@@ -636,6 +636,85 @@ def test_generated_fast_path_requires_a_cuda_device_unless_told():
     assert ArgBinder("hand", HAND_ARGS, allow_cpu=True).fast_bind(values) is not None
 
 
+class _Config:
+    """Stands in for a ctypes CUlaunchConfig: the launcher writes only its stream."""
+    hStream = None
+
+
+def _recording_launcher(names_per_launch, calls, codes=None):
+    """A generated launcher for the hand-made spec whose driver calls are Python callables
+    recording (launch index, stream written, parameter bytes at call time). It tests the
+    generated code only; launches on the GPU are the GPU suite's."""
+    import threading
+
+    from rose_aot.loader.runtime import _launcher_factory
+
+    binder = ArgBinder("hand", HAND_ARGS, [(0, 0), (0, 1)], allow_cpu=True)
+    packers = [_hand_packer(names) for names in names_per_launch]
+    make = _launcher_factory("hand", [p.exprs(binder.atom_names, len(HAND_ARGS)) for p in packers],
+                             binder.atom_count, False)
+    bound = []
+    for j, packer in enumerate(packers):
+        config = _Config()
+
+        def call(j=j, packer=packer, config=config):
+            calls.append((j, config.hStream, _packed(packer, packer.address)))
+            return (codes or {}).get(j, 0)
+
+        bound += [packer.struct.pack_into, packer.buffer, config, call]
+    failures = []
+    go = make(threading.Lock(), lambda code, j: failures.append((code, j)), None, *bound)
+    return binder, packers, go, failures
+
+
+def test_generated_launcher_packs_every_launch_then_calls_each_on_the_stream():
+    calls = []
+    names = [("x", "w", "lens", "y"), ("y", "lens")]
+    binder, packers, go, failures = _recording_launcher(names, calls)
+    values = _hand_tensors(x_stride=520, y_stride=72)
+    _, _, atoms = binder.fast_bind(tuple(values))
+    go(0xABC, *atoms)
+    dims, _, _ = binder.bind(tuple(values), meta=True)
+    pointers = [t.data_ptr() for t in values]
+    want = []
+    for packer in packers:  # the checked path's bytes
+        want.append(_packed(packer, packer.pack(packer.values(pointers, dims))))
+    assert calls == [(0, 0xABC, want[0]), (1, 0xABC, want[1])]
+    assert failures == []
+
+
+def test_generated_launcher_reports_a_failed_launch_and_packs_nothing_out_of_range():
+    calls = []
+    binder, packers, go, failures = _recording_launcher([("x",), ("lens",)], calls, codes={1: 700})
+    _, _, atoms = binder.fast_bind(tuple(_hand_tensors()))
+    go(7, *atoms)
+    assert [c[0] for c in calls] == [0, 1] and failures == [(700, 1)]
+    # An extent that does not fit its int32 field: struct.error before the first driver call.
+    calls.clear()
+    too_big = (atoms[0], 2**31, *atoms[2:])
+    with pytest.raises(struct.error):
+        go(7, *too_big)
+    assert calls == []
+
+
+def test_generated_fast_launch_runs_the_resolved_launcher_with_the_bound_atoms():
+    binder = ArgBinder("hand", HAND_ARGS, [(0, 0), (0, 1)], allow_cpu=True)
+    seen = []
+    launchers = {}
+    fast = binder.compile_fast_launch(launchers, lambda device: ("stream of", device))
+    values = tuple(_hand_tensors(tokens=3))
+    assert fast(values) is False  # nothing resolved for (device, sizes) yet: the checked path
+    launchers[(-1, 3, 512)] = lambda stream, *atoms: seen.append((stream, atoms))
+    assert fast(values) is True
+    assert seen == [(("stream of", -1), binder.fast_bind(values)[2])]
+    assert fast(tuple(_hand_tensors(tokens=4))) is False  # another size: not resolved
+    launchers[(-1, 5, 512)] = launchers[(-1, 3, 512)]  # the size _hand_mutations() start from
+    assert fast(tuple(_hand_tensors())) is True and len(seen) == 2
+    for what, bad in _hand_mutations():  # every refused call launches nothing
+        assert fast(tuple(bad)) is False, what
+    assert len(seen) == 2
+
+
 def test_generated_fast_path_of_every_shipped_point_accepts_its_own_sample(bundle):
     # For each point and arch of the test bundle: tensors laid out exactly as the record says
     # (dynamic extents from the family's sample sizes) pass the generated checks, give the

@@ -65,7 +65,7 @@ class ArgBinder:
         pairs).
         `self.atoms` maps (argument index, kind, mode) to the expression a packer reads it by.
         """
-        lines = ["def fast_bind(values):", f"    if len(values) != {len(self.args)}: return None",
+        lines = [f"    if len(values) != {len(self.args)}: return None",
                  f"    ({''.join(f'v{i}, ' for i in range(len(self.args)))}) = values"]
         env = {"T": self._tensor_type}
         atoms: list[str] = []
@@ -149,13 +149,44 @@ class ArgBinder:
             atom((i, "ptr", 0), f"p{i}")
         if not seen_device:
             lines.append("    return None")
-        sizes = [raw[(i, "extent", m)] for i, m in size_sources]
-        lines.append(f"    return dev, ({''.join(s + ', ' for s in sizes)}), "
-                     f"({''.join(x + ', ' for x in atoms)})")
-        source = "\n".join(lines)
-        exec(compile(source, f"<rose_aot fast_bind {self.owner}>", "exec"), env)
+        # The atoms as the parameters (a0, a1, ...) of a generated launcher; constants as is.
+        self.atom_names = {k: f"a{x[2:-1]}" if x.startswith("a[") else x
+                           for k, x in self.atoms.items()}
+        # Kept for `compile_fast_launch`, which generates the same checks in front of a launch.
+        self._checks, self._env = lines, env
+        self._atom_exprs = atoms
+        self.atom_count = len(atoms)
+        self._size_exprs = [raw[(i, "extent", m)] for i, m in size_sources]
+        sizes = "".join(s + ", " for s in self._size_exprs)
+        source = "\n".join(["def fast_bind(values):", *lines,
+                            f"    return dev, ({sizes}), ({''.join(x + ', ' for x in atoms)})"])
         self.fast_source = source
-        return env["fast_bind"]
+        return self._exec(source, "fast_bind", {})
+
+    def compile_fast_launch(self, launchers: dict, stream):
+        """Generate `fast_launch(values) -> bool`, the whole hot path of a repeated call: the
+        checks of `fast_bind`, then the launcher resolved for (device, *sizes) in `launchers`,
+        called as `launcher(stream(device), *atoms)`. Returns False, having launched nothing,
+        when a check fails or no launcher is resolved yet (the caller then takes the checked
+        path, which resolves one); no tuple is built but the lookup key."""
+        key = "".join(f", {s}" for s in self._size_exprs)
+        atoms = "".join(f", {x}" for x in self._atom_exprs)
+        lines = [line.replace("return None", "return False") for line in self._checks]
+        if lines[-1] == "    return False":  # no tensor argument: never fast
+            body = lines
+        else:
+            body = [*lines, f"    go = LAUNCHERS.get((dev{key}))",
+                    "    if go is None: return False",
+                    f"    go(STREAM(dev){atoms})",
+                    "    return True"]
+        source = "\n".join(["def fast_launch(values):", *body])
+        self.fast_launch_source = source
+        return self._exec(source, "fast_launch", {"LAUNCHERS": launchers, "STREAM": stream})
+
+    def _exec(self, source: str, name: str, extra: dict):
+        env = {**self._env, **extra}
+        exec(compile(source, f"<rose_aot {name} {self.owner}>", "exec"), env)
+        return env[name]
 
     def signature(self) -> str:
         return f"{self.owner}({', '.join(a.name for a in self.args)})"
@@ -319,10 +350,9 @@ class ParamPacker:
             out.append(values[i] if kind in ("ptr", "scalar") else dims[dim])
         return out
 
-    def compile(self, atoms: dict[tuple[int, str, int], str], workspace_start: int):
-        """Generate `pack(a, ws) -> kernelParams address` for `ArgBinder.fast_bind`'s atoms `a`
-        (`atoms`: the binder's expression of each (argument, kind, mode)) and the workspace
-        pointers `ws` (values from index `workspace_start` on). One struct call, no loop."""
+    def exprs(self, atoms: dict[tuple[int, str, int], str], workspace_start: int) -> list[str]:
+        """The expression of each field, in `struct` order: `atoms` gives each call value's
+        (argument, kind, mode) expression; workspace pointers are `ws[j]`."""
         exprs = []
         for i, kind, mode, _dim in self._sources:
             if i >= workspace_start:
@@ -330,6 +360,13 @@ class ParamPacker:
             else:
                 # Pointer and scalar fields have no mode (-1); extents and strides name theirs.
                 exprs.append(atoms[(i, kind, 0 if kind in ("ptr", "scalar") else mode)])
+        return exprs
+
+    def compile(self, atoms: dict[tuple[int, str, int], str], workspace_start: int):
+        """Generate `pack(a, ws) -> kernelParams address` for `ArgBinder.fast_bind`'s atoms `a`
+        (`atoms`: the binder's expression of each (argument, kind, mode)) and the workspace
+        pointers `ws` (values from index `workspace_start` on). One struct call, no loop."""
+        exprs = self.exprs(atoms, workspace_start)
         env = {"pack_into": self.struct.pack_into, "buf": self.buffer, "address": self.address}
         source = (f"def pack(a, ws):\n    pack_into(buf, 0, {''.join(e + ', ' for e in exprs)})\n"
                   f"    return address")

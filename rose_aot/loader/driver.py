@@ -201,6 +201,13 @@ class PreparedLaunch:
         self.function, self.grid, self.block, self.smem = function, tuple(grid), tuple(block), smem
         self.attributes = tuple(ident for ident, _ in attrs)
 
+    def bind(self, kernel_params: int):
+        """The launch as a call without arguments, for a fixed kernelParams address (a
+        ParamPacker's): the generated launchers call it after writing the stream."""
+        from functools import partial
+
+        return partial(self.call, kernel_params, None)
+
     def __call__(self, stream: int, params: int) -> int:
         self.config.hStream = stream
         return self.call(params, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
+from functools import partial
 
 from ..archs import ARCHS, arch_for_capability, get_arch
 from ..bundle import BundleReader
@@ -362,6 +363,11 @@ class KernelHandle:
         # Per arch the bundle has this point for: (record, binder, packers by variant,
         # where each plan size is read from).
         self._arch_state: dict[str, tuple] = {}
+        self._raw_stream = _stream_getter()
+        # Per arch: the launchers resolved for (device, *sizes) and the generated hot path
+        # that checks a call and runs its launcher (ArgBinder.compile_fast_launch).
+        self._launchers: dict[str, dict[tuple, object]] = {}
+        self._fast_launches: dict[str, object] = {}
         for (key, arch), record in sorted(bundle._records.items()):
             if key != self.key:
                 continue
@@ -373,21 +379,24 @@ class KernelHandle:
                 packer = ParamPacker(positions, v.params)
                 packers[v.name] = (packer, packer.compile(binder.atoms, len(record.args)))
             self._arch_state[arch] = (record, binder, packers, size_sources)
+            self._launchers[arch] = {}
+            self._fast_launches[arch] = binder.compile_fast_launch(self._launchers[arch],
+                                                                   self._raw_stream)
         any_state = next(iter(self._arch_state.values()))
         self._names = tuple(a.name for a in any_state[0].args)
         self._any_binder = any_state[1]
         self._has_workspace = bool(any_state[0].workspace)
         self._device_state: dict[int, tuple] = {}
-        # The hot path's checks: the binder of the first arch a device used, and the devices of
-        # that arch (a process with GPUs of two archs takes the checked path on the second).
-        self._fast_bind = _refuse
+        self._device_arch: dict[int, str] = {}
+        # The hot path: that of the first arch a device used (a process with GPUs of two archs
+        # takes the checked path on the second; its launchers are in another arch's dict).
+        self._fast_launch = _refuse
         self._fast_arch: str | None = None
-        self._fast_devices: frozenset[int] = frozenset()
+        self._factories: dict[tuple, object] = {}  # (arch, variants) -> launcher factory
         self._workspaces: dict[tuple[int, int], list] = {}
         self._workspace_ptrs: dict[tuple[int, int], tuple[int, ...]] = {}
         self._resolved: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
-        self._raw_stream = _stream_getter()
 
     def __repr__(self) -> str:
         return f"KernelHandle({self.key}, bundle={self.bundle.path})"
@@ -411,10 +420,10 @@ class KernelHandle:
                 )
             state = (*self._arch_state[arch], self.bundle.sm_count(device))
             self._device_state[device] = state
-            if self._fast_arch in (None, arch):
+            self._device_arch[device] = arch
+            if self._fast_arch is None:
                 self._fast_arch = arch
-                self._fast_bind = state[1].fast_bind
-                self._fast_devices = self._fast_devices | {device}
+                self._fast_launch = self._fast_launches[arch]
         return state
 
     def _binder_for(self, values: tuple):
@@ -467,8 +476,35 @@ class KernelHandle:
         resolved = tuple(resolved)
         if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
             self._resolved.clear()
+            for launchers in self._launchers.values():
+                launchers.clear()  # in place: the generated hot paths hold these dicts
         self._resolved[(device, sizes, variant)] = resolved
+        if variant is None:  # the hot path runs the plan's own choice only
+            arch = self._device_arch[device]
+            self._launchers[arch][(device, *sizes)] = self._launcher(device, arch, resolved)
         return resolved
+
+    def _launcher(self, device: int, arch: str, resolved: tuple):
+        """`go(stream, *atoms)`: the resolved launches as one generated function (every
+        parameter buffer packed, then per launch the stream written and the driver called,
+        under the handle's lock). The code is generated once per (arch, variants) and bound
+        here to this plan's prepared launches."""
+        names = tuple(r[4] for r in resolved)
+        make = self._factories.get((arch, names))
+        if make is None:
+            record, binder, packers, _ = self._arch_state[arch]
+            fields = [packers[n][0].exprs(binder.atom_names, len(record.args)) for n in names]
+            make = _launcher_factory(self.key, fields, binder.atom_count, bool(record.workspace))
+            self._factories[(arch, names)] = make
+        bound = []
+        for _config, _call, _pack, packer, _name, prepared in resolved:
+            bound += [packer.struct.pack_into, packer.buffer, prepared.config,
+                      prepared.bind(packer.address)]
+        scratch = partial(self._scratch, device) if self._has_workspace else None
+        return make(self._lock, partial(self._launch_failed, names), scratch, *bound)
+
+    def _launch_failed(self, names: tuple, code: int, index: int):
+        driver.raise_launch_error(code, f"launching {self.key} ({names[index]})")
 
     def workspace(self, device: int, stream: int) -> list:
         """The zero-initialised scratch tensors of (device, stream), allocated on first use.
@@ -492,33 +528,25 @@ class KernelHandle:
         """Launch on torch's current stream of the tensors' device. `variant` forces one variant
         of the launch plan (for tests and benchmarks); by default the plan picks from the sizes.
 
-        The hot path for a repeated call: the generated checks (`ArgBinder.fast_bind`), a dict
-        lookup of the plan resolved for (device, sizes), per launch one generated struct pack,
-        one field write (the stream) and the driver call."""
-        bound = self._fast_bind(args)
-        if bound is None or bound[0] not in self._fast_devices:
-            return self._call_checked(args, variant)
-        device, sizes, atoms = bound
-        launches = self._resolved.get((device, sizes, variant))
-        if launches is None:
-            launches = self._resolve(device, sizes, variant)
-        stream = self._raw_stream(device)
-        scratch = self._scratch(device, stream) if self._has_workspace else ()
-        with self._lock:
-            for config, call, pack, _packer, name, _ in launches:
-                config.hStream = stream
-                try:
-                    code = call(pack(atoms, scratch), None)
-                except struct.error:  # a value outside its C field (e.g. an int32 extent)
-                    self._state(device)[1].bind(args)  # raises the precise ArgumentError
-                    raise
-                if code:
-                    driver.raise_launch_error(code, f"launching {self.key} ({name})")
+        The hot path for a repeated call is one generated function
+        (`ArgBinder.compile_fast_launch`): the checks, a dict lookup of the launcher resolved
+        for (device, sizes), and that launcher's packs, stream writes and driver calls. A call
+        it does not take (first call of a size, a forced variant, a failed check) runs the
+        checked path."""
+        if variant is None:
+            try:
+                if self._fast_launch(args):
+                    return None
+            except struct.error:  # a value outside its C field (e.g. an int32 extent):
+                pass  # nothing was launched; the checked path raises the precise error
+        return self._call_checked(args, variant)
 
     def _call_checked(self, args, variant) -> None:
-        """The launch of a call the fast checks did not accept: the full checks either raise
-        the precise ArgumentError or accept an unusual but valid form (size-1 extents with
-        any stride), whose values come from the checked dims."""
+        """The launch of a call the hot path did not take: the full checks either raise the
+        precise ArgumentError or accept the call. A well-formed call of a new size then runs
+        through the launcher just resolved for it (so every plan-chosen launch, the first
+        included, runs the generated code); a forced variant or an unusual but valid form
+        (size-1 extents with any stride) is packed from the checked dims."""
         binder = self._binder_for(args)
         dims, values, device = binder.bind(args)
         if binder is not self._state(device)[1]:  # checked before the device was known
@@ -527,6 +555,8 @@ class KernelHandle:
         launches = self._resolved.get((device, sizes, variant))
         if launches is None:
             launches = self._resolve(device, sizes, variant)
+        if variant is None and self._fast_launch(args):
+            return None  # the generated launcher resolved just now ran it, as later calls will
         stream = self._raw_stream(device)
         if self._has_workspace:
             values = [*values, *self._scratch(device, stream)]
@@ -546,8 +576,31 @@ class KernelHandle:
 
 
 def _refuse(values):
-    """The hot path's checks before any device is known: refuse, so the checked path runs."""
-    return None
+    """The hot path before any device is known: refuse, so the checked path runs."""
+    return False
+
+
+def _launcher_factory(owner: str, fields: list[list[str]], atoms: int, workspace: bool):
+    """Generate `make(lock, fail, scratch, *per launch: pack_into, buffer, config, call)`
+    returning `go(stream, a0, a1, ...)` for a plan of `len(fields)` launches; `fields[j]` are
+    launch j's parameter expressions (ArgBinder.atom_names, workspace `ws[k]`). Every buffer is
+    packed before the first driver call, so a value that does not fit its field (struct.error)
+    launches nothing."""
+    slots = "".join(f", P{j}, B{j}, C{j}, L{j}" for j in range(len(fields)))
+    params = "".join(f", a{i}" for i in range(atoms))
+    lines = [f"def make(lock, fail, scratch{slots}):", f"    def go(stream{params}):"]
+    if workspace:
+        lines.append("        ws = scratch(stream)")
+    lines.append("        with lock:")
+    for j, exprs in enumerate(fields):
+        lines.append(f"            P{j}(B{j}, 0, {''.join(e + ', ' for e in exprs)})")
+    for j in range(len(fields)):
+        lines += [f"            C{j}.hStream = stream", f"            code = L{j}()",
+                  f"            if code: fail(code, {j})"]
+    lines.append("    return go")
+    env: dict = {}
+    exec(compile("\n".join(lines), f"<rose_aot launcher {owner}>", "exec"), env)
+    return env["make"]
 
 
 def _stream_getter():

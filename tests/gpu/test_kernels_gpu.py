@@ -180,6 +180,33 @@ def test_launch_is_captured_by_cuda_graphs(bundle):
     del out
 
 
+@pytest.mark.parametrize("family_name", ["rms_norm", "qk_norm"])
+def test_repeated_call_takes_the_generated_hot_path(bundle, family_name):
+    """After a point's first call of a size, the generated hot path (checks + launcher) takes
+    the call, and writes bitwise what the checked path (generic pack) writes for the variant
+    the plan chose, on a second stream as on the first."""
+    import torch
+
+    _, config = next(p for p in _points(bundle) if p[0] == family_name)
+    handle = bundle.kernel(family_name, **config)
+    args = _args(handle)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    host = _make_inputs(args, 33, gen)
+    handle(*[t.clone() for t in host])  # first call: full checks, resolves the launcher
+    (launch,) = handle.plan(*host)
+    checked = [t.clone() for t in host]
+    handle(*checked, variant=launch.variant)  # forced: the checked path's generic pack
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        fast = [t.clone() for t in host]
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            assert handle._fast_launch(tuple(fast)) is True
+        torch.cuda.synchronize()
+        for arg, got, want in zip(args, fast, checked):
+            if arg.writes:
+                assert torch.equal(got, want), (family_name, arg.name)
+
+
 def test_param_layout_matches_driver(bundle):
     """The parameter sizes the loader packs (the bundle's record, as the handle launches from
     it) agree with what the driver reads from the loaded cubin (cuFuncGetParamInfo)."""
