@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The whole GPU job of a change, on the two-GPU machine kind, in one call (device time is
-# scarce): the expert-parallel checks on both GPUs, then three lanes at once:
-#   GPU 0: launch overhead, then the whole GPU suite (tests/gpu);
-#   GPU 0: warmup (cold processes: host time, little GPU work);
-#   GPU 1: the MoE, activation/quantization, combine-sweep and fused-FP8-dispatch benchmarks.
-# Every step has its own time limit (env *_LIMIT, seconds) so a hang costs that step only.
+# scarce): the expert-parallel checks on both GPUs, then three lanes at once, each a list of
+# benchmarks/run_gpu.sh steps run in order:
+#   LANE_A, GPU 0 (default: launch overhead, then the whole GPU suite);
+#   LANE_B, GPU 0 (default: warmup: cold processes, host time, little GPU work);
+#   LANE_C, GPU 1 (default: the MoE, activation/quantization, combine-sweep and fused-FP8
+#   dispatch benchmarks).
+# EP_STEP= (empty) skips the expert-parallel checks. Every step has its own time limit
+# (env <STEP>_LIMIT in seconds, e.g. TESTS_LIMIT=330) so a hang costs that step only.
 #
 #   OUT=... bash benchmarks/gpu_all.sh
+#   OUT=... EP_STEP= LANE_A="tests sanitizer" LANE_B= LANE_C="warmup act_quant" bash benchmarks/gpu_all.sh
 #
 # Everything lands in ONE archive, $OUT/results.tgz (plus $OUT/lanes.txt, the exit status of
 # every step): the device tool brings back only a few files per call, so logs written as many
@@ -17,24 +21,38 @@ OUT="${OUT:-benchmarks/results}"
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 bash benchmarks/run_gpu.sh > /dev/null 2>&1  # installs the carried wheels once, before the lanes
-step() {  # step SECONDS GPU NAME...: run_gpu.sh steps on one GPU, logs in $WORK/NAME
-    local limit=$1 gpu=$2
-    shift 2
-    mkdir -p "$WORK/$1"
-    OUT="$WORK/$1" CUDA_VISIBLE_DEVICES=$gpu timeout "$limit" bash benchmarks/run_gpu.sh "$@" \
-        > "$WORK/$1/console.log" 2>&1
-    echo "== $* (GPU $gpu) exit $?" | tee -a "$WORK/lanes.txt"
+limit() {  # the time limit of a step: $<STEP>_LIMIT, else its default
+    local var="${1^^}_LIMIT" default
+    case "$1" in
+        tests) default=330 ;; overhead) default=60 ;; warmup) default=300 ;; moe) default=110 ;;
+        act_quant) default=200 ;; moe_sweep) default=60 ;; moe_fp8) default=40 ;;
+        ep) default=150 ;; *) default=300 ;;
+    esac
+    echo "${!var:-$default}"
 }
-mkdir -p "$WORK/ep"
-OUT="$WORK/ep" timeout "${EP_LIMIT:-150}" bash benchmarks/run_gpu.sh ep > "$WORK/ep/console.log" 2>&1
-echo "== ep (GPUs 0, 1) exit $?" | tee -a "$WORK/lanes.txt"
-( step "${OVERHEAD_LIMIT:-60}" 0 overhead; step "${TESTS_LIMIT:-330}" 0 tests ) &
-( ROSE_WARMUP_REPEATS="${WARMUP_REPEATS:-3}" step "${WARMUP_LIMIT:-300}" 0 warmup ) &
-( step "${MOE_LIMIT:-110}" 1 moe
-  ACT_QUANT_TOKENS="${ACT_QUANT_TOKENS:-1,128,8192,32768}" step "${ACT_LIMIT:-200}" 1 act_quant
-  SWEEP_TOKENS="${SWEEP_TOKENS:-1,4,16,64,128}" step "${SWEEP_LIMIT:-60}" 1 moe_sweep
-  step "${FP8_LIMIT:-40}" 1 moe_fp8 ) &
+lane() {  # lane GPU STEP...: each step on one GPU, logs in $WORK/STEP
+    local gpu=$1 step
+    shift
+    for step in "$@"; do
+        mkdir -p "$WORK/$step"
+        OUT="$WORK/$step" CUDA_VISIBLE_DEVICES=$gpu timeout "$(limit "$step")" \
+            bash benchmarks/run_gpu.sh "$step" > "$WORK/$step/console.log" 2>&1
+        echo "== $step (GPU $gpu) exit $?" | tee -a "$WORK/lanes.txt"
+    done
+}
+EP_STEP="${EP_STEP-ep}"
+if [ -n "$EP_STEP" ]; then
+    mkdir -p "$WORK/ep"
+    OUT="$WORK/ep" timeout "$(limit ep)" bash benchmarks/run_gpu.sh "$EP_STEP" > "$WORK/ep/console.log" 2>&1
+    echo "== $EP_STEP (GPUs 0, 1) exit $?" | tee -a "$WORK/lanes.txt"
+fi
+# Unquoted on purpose: each lane is a space-separated list of steps.
+ROSE_WARMUP_REPEATS="${WARMUP_REPEATS:-3}" lane 0 ${LANE_A-overhead tests} &
+ROSE_WARMUP_REPEATS="${WARMUP_REPEATS:-3}" lane 0 ${LANE_B-warmup} &
+ACT_QUANT_TOKENS="${ACT_QUANT_TOKENS:-1,128,8192,32768}" SWEEP_TOKENS="${SWEEP_TOKENS:-1,4,16,64,128}" \
+    lane 1 ${LANE_C-moe act_quant moe_sweep moe_fp8} &
 wait
 tar czf "$OUT/results.tgz" -C "$WORK" .
+touch "$WORK/lanes.txt"
 cp "$WORK/lanes.txt" "$OUT/lanes.txt"
 cat "$OUT/lanes.txt"

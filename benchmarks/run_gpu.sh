@@ -13,8 +13,9 @@
 #
 # STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
 # overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun). Logs go to $OUT
-# (or benchmarks/results). GPU_TESTS narrows the tests step to some files; ACT_QUANT_TOKENS and
-# SWEEP_TOKENS set the token counts of act_quant and moe_sweep. NVLink multicast stays off in
+# (or benchmarks/results). GPU_TESTS narrows the tests step to some files; ACT_QUANT_FAMILIES
+# (space-separated) the act_quant families; ACT_QUANT_TOKENS and SWEEP_TOKENS set the token
+# counts of act_quant and moe_sweep. NVLink multicast stays off in
 # every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -51,8 +52,8 @@ for step in "$@"; do
         moe_fp8) python3 benchmarks/bench_dispatch_fp8.py build/bench-moe-fp8.rosebundle 2>&1 \
                      | tee "$OUT/bench-moe-fp8.log" ;;
         act_quant)  # one process per family, so each family's tables survive a later timeout
-            for family in act_and_mul fp8_group_quant act_and_mul_fp8_quant block_scaled_quant \
-                          fp8_token_quant fp8_tensor_quant; do
+            for family in ${ACT_QUANT_FAMILIES:-act_and_mul fp8_group_quant act_and_mul_fp8_quant \
+                          block_scaled_quant fp8_token_quant fp8_tensor_quant}; do
                 python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle \
                     --family "$family" ${ACT_QUANT_TOKENS:+--tokens "$ACT_QUANT_TOKENS"} 2>&1 \
                     | tee -a "$OUT/bench-act-quant.log"
