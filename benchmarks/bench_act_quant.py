@@ -252,7 +252,9 @@ def bench_token_tensor(bundle, tokens_list, widths, rows, per_tensor):
             want_s = torch.empty(s.shape if per_tensor else (rows_checked, 1), device="cuda")
             get_family(family).reference(config, x[:rows_checked], want_q, want_s)
             want_q, want_s = want_q.cpu(), want_s.cpu()
-            for variant in (None, "decode", "prefill"):
+            # per-tensor: the single-block variant forced too where one block is not absurd
+            single = per_tensor and t * h <= 1 << 20
+            for variant in (None, "decode", "prefill", *(("single",) if single else ())):
                 q.view(torch.uint8).fill_(0x7F)
                 s.fill_(float("nan"))
                 ours(x, q, s, variant=variant)
@@ -267,6 +269,8 @@ def bench_token_tensor(bundle, tokens_list, widths, rows, per_tensor):
                 "torch_eager": lambda: peer(x, q, s),
                 "torch_compile": lambda: compiled(x, q, s),
             }
+            if single:
+                impls["rose_aot_single"] = lambda: ours(x, q, s, variant="single")
             # Bytes: x read once, q written, scales written (per-tensor: the prefill plan
             # reads x twice, but the goal counts the minimum traffic).
             nbytes = x.numel() * 2 + q.numel() + s.numel() * 4
@@ -347,6 +351,8 @@ def report(rows, copy_tbs, env, out, name):
         ours = r["us"]["rose_aot"]
         tbs = r["bytes"] / (ours * 1e-6) / 1e12
         forced = f"{r['us']['rose_aot_decode']:.2f} / {r['us']['rose_aot_prefill']:.2f}"
+        if "rose_aot_single" in r["us"]:
+            forced += f" (single {r['us']['rose_aot_single']:.2f})"
         peers = ", ".join(
             f"{k} {v:.2f} ({v / ours:.2f}x)" for k, v in r["us"].items()
             if not k.startswith("rose_aot")

@@ -21,9 +21,10 @@ OUT="${OUT:-benchmarks/results}"
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 bash benchmarks/run_gpu.sh > /dev/null 2>&1  # installs the carried wheels once, before the lanes
-limit() {  # the time limit of a step: $<STEP>_LIMIT, else its default
-    local var="${1^^}_LIMIT" default
-    case "$1" in
+limit() {  # the time limit of a step: $<STEP>_LIMIT (act_quant:... reads ACT_QUANT_LIMIT), else its default
+    local base="${1%%:*}" default
+    local var="${base^^}_LIMIT"
+    case "$base" in
         tests) default=330 ;; overhead) default=60 ;; warmup) default=300 ;; moe) default=110 ;;
         act_quant) default=200 ;; moe_sweep) default=60 ;; moe_fp8) default=40 ;;
         ep) default=150 ;; *) default=300 ;;
@@ -34,9 +35,10 @@ lane() {  # lane GPU STEP...: each step on one GPU, logs in $WORK/STEP
     local gpu=$1 step
     shift
     for step in "$@"; do
-        mkdir -p "$WORK/$step"
-        OUT="$WORK/$step" CUDA_VISIBLE_DEVICES=$gpu timeout "$(limit "$step")" \
-            bash benchmarks/run_gpu.sh "$step" > "$WORK/$step/console.log" 2>&1
+        local dir="$WORK/${step//[:,]/-}"
+        mkdir -p "$dir"
+        OUT="$dir" CUDA_VISIBLE_DEVICES=$gpu timeout "$(limit "$step")" \
+            bash benchmarks/run_gpu.sh "$step" > "$dir/console.log" 2>&1
         echo "== $step (GPU $gpu) exit $?" | tee -a "$WORK/lanes.txt"
     done
 }

@@ -12,6 +12,7 @@
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
 # STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
+# act_quant:FAMILY,FAMILY |
 # overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun). Logs go to $OUT
 # (or benchmarks/results). GPU_TESTS narrows the tests step to some files; ACT_QUANT_FAMILIES
 # (space-separated) the act_quant families; ACT_QUANT_TOKENS and SWEEP_TOKENS set the token
@@ -51,9 +52,11 @@ for step in "$@"; do
                        | tee "$OUT/bench-moe-combine-sweep.log" ;;
         moe_fp8) python3 benchmarks/bench_dispatch_fp8.py build/bench-moe-fp8.rosebundle 2>&1 \
                      | tee "$OUT/bench-moe-fp8.log" ;;
-        act_quant)  # one process per family, so each family's tables survive a later timeout
-            for family in ${ACT_QUANT_FAMILIES:-act_and_mul fp8_group_quant act_and_mul_fp8_quant \
-                          block_scaled_quant fp8_token_quant fp8_tensor_quant}; do
+        act_quant|act_quant:*)  # one process per family: each family's tables survive a timeout
+            families="${ACT_QUANT_FAMILIES:-act_and_mul fp8_group_quant act_and_mul_fp8_quant \
+                      block_scaled_quant fp8_token_quant fp8_tensor_quant}"
+            [ "$step" = act_quant ] || families="${step#act_quant:}"
+            for family in ${families//,/ }; do
                 python3 benchmarks/bench_act_quant.py build/bench-act-quant.rosebundle \
                     --family "$family" ${ACT_QUANT_TOKENS:+--tokens "$ACT_QUANT_TOKENS"} 2>&1 \
                     | tee -a "$OUT/bench-act-quant.log"

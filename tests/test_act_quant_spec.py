@@ -141,7 +141,7 @@ def test_plan_grids_cover_every_token(family, width, arch):
             assert (gy, gz) == (v.constants["col_blocks"], 1)
             if force is None:
                 chosen.append(launch.variant)
-    if family == "act_and_mul":
+    if family in ("act_and_mul", "act_and_mul_fp8_quant"):
         # measured faster at every width and token count on the H200 (act_and_mul/tuning.py)
         assert set(chosen) == {"decode"}
     else:

@@ -147,6 +147,30 @@ def _run_reference(fmt, rows, layout="row_major", g=None):
     return x, data, scales
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_plans_nvfp4_decode_at_every_size_mx_switches_to_prefill(arch):
+    # nvfp4: the decode shape measured faster at every size on the H200 (act_and_mul/tuning.py);
+    # MXFP8/MXFP4 keep the decode -> prefill switch (prefill faster from 8192 tokens).
+    a = get_arch(arch)
+    for fmt in ("nvfp4", "mxfp8", "mxfp4"):
+        fam, c = _family(fmt), _config(hidden=7168, format=fmt)
+        variants = {v.name: v for v in fam.variants(c, a)}
+        assert fam.plan(c, variants, {"tokens": 0}, a.sm_count) == ()
+        chosen = []
+        for tokens in (1, 7, 128, 1024, 8192, 32768):
+            for force in ("decode", "prefill"):
+                (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count, force)
+                assert launch.variant == force
+            (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count)
+            rows = variants[launch.variant].constants["rows_per_block"]
+            assert launch.grid[0] * rows >= tokens > (launch.grid[0] - 1) * rows
+            chosen.append(launch.variant)
+        if fmt == "nvfp4":
+            assert set(chosen) == {"decode"}
+        else:
+            assert chosen[0] == "decode" and chosen[-1] == "prefill" and chosen == sorted(chosen)
+
+
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
 def test_reference_matches_exact_arithmetic(fmt):
     gen = torch.Generator().manual_seed(SEED)

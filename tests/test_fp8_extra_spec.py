@@ -140,15 +140,23 @@ def test_tensor_plan_one_cooperative_wave_or_two_kernels(arch, hidden):
     assert d.cooperative and not vs["prefill_absmax"].cooperative
     assert not vs["prefill_quant"].cooperative
     units_per_token = hidden // d.constants["vec"]
+    single_capacity = d.threads * d.constants["single_max_vecs"]
+    single_edge = single_capacity // units_per_token
     for sm in (1, 16, 132, 148, 1024):
         capacity = sm * d.threads * d.constants["decode_max_vecs"]
         edge = capacity // units_per_token
-        for tokens in sorted({1, 7, 128, 4096, 20011, 1 << 20, max(1, edge), edge + 1}):
-            for force in (None, "decode", "prefill"):
+        for tokens in sorted({1, 7, 128, 4096, 20011, 1 << 20, max(1, edge), edge + 1,
+                              max(1, single_edge), single_edge + 1}):
+            for force in (None, "single", "decode", "prefill"):
                 launches = fam.plan(c, vs, {"tokens": tokens}, sm, force)
                 units = tokens * units_per_token
+                single = units <= single_capacity if force is None else force == "single"
                 decode = units <= capacity if force is None else force == "decode"
-                if decode:
+                if single:
+                    # the whole tensor in one (non-cooperative) block, whatever the SM count
+                    assert [(l.variant, l.grid) for l in launches] == [("single", (1, 1, 1))]
+                    assert not vs["single"].cooperative
+                elif decode:
                     (launch,) = launches
                     assert launch.variant == "decode"
                     # cooperative grid limit: one block per SM at most, never more blocks
@@ -160,7 +168,8 @@ def test_tensor_plan_one_cooperative_wave_or_two_kernels(arch, hidden):
                     for launch in launches:
                         assert 1 <= launch.grid[0] <= sm * d.constants["prefill_blocks_per_sm"]
                         assert launch.grid[0] <= -(-units // d.threads)
-    # the one-wave rule: the largest decode batch grows with the SM count
+    # one token of up to 16384 elements: one block; the one-wave rule above that
+    assert fam.plan(c, vs, {"tokens": 1}, 132)[0].variant == ("single" if hidden <= 16384 else "decode")
     assert fam.plan(c, vs, {"tokens": 64}, 132)[0].variant == "decode" or hidden > 4096
     with pytest.raises(ConfigError):
         fam.plan(c, vs, {"tokens": 1}, 132, "prefill_quant")
@@ -322,6 +331,10 @@ def test_compiles_with_expected_ptx(family, values, arch):
             assert ("griddepcontrol.wait" in ptx) == (name == "decode") == (v.pdl > 0)
             assert ptx.count("shfl.sync.bfly.b32") == 5  # one warp butterfly per row
             assert "bar.sync" in ptx and "atom." not in ptx
+        elif name == "single":
+            # one block, the scale in registers: no atomics, no grid barrier, one block barrier
+            assert "atom." not in ptx and "bar.sync" in ptx and "griddepcontrol" not in ptx
+            assert not v.cooperative
         else:
             reduces = name != "prefill_quant"
             assert ("atom.global.max.s32" in ptx) == reduces  # max on the float bits

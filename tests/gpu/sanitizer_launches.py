@@ -46,7 +46,10 @@ def main(path: str) -> None:
         config = family.make_config(**point["config"])
         handle = bundle.kernel(point["family"], **point["config"])
         if point["family"] in ("fp8_token_quant", "fp8_tensor_quant"):  # bit-exact cases
-            for variant, tokens in (("decode", 3), ("prefill", 1001)):
+            runs = (("decode", 3), ("prefill", 1001))
+            if point["family"] == "fp8_tensor_quant":
+                runs += (("single", 3),)
+            for variant, tokens in runs:
                 args, want, views = fp8_extra_cases.make_case(point["family"], config, tokens,
                                                               seed=tokens)
                 handle(*args, variant=variant)

@@ -54,7 +54,7 @@ def test_every_point_against_reference(bundle, tokens):
         config = family.make_config(**values)
         handle = bundle.kernel(family_name, **values)
         args, want, views = make_case(family_name, config, tokens, seed=1000 * tokens + i)
-        for variant in (None, "decode", "prefill"):
+        for variant in (None, *family.plan_choices):  # per-tensor: single at any size too
             poison(views)
             handle(*args, variant=variant)
             torch.cuda.synchronize()
@@ -72,8 +72,9 @@ def test_per_tensor_repeated_launches_reuse_the_workspace(bundle):
         c = family.make_config(**values)
         handle = bundle.kernel(family_name, **values)
         for step, (tokens, variant) in enumerate([(300, "decode"), (300, "prefill"),
-                                                  (5, "decode"), (5000, "prefill"),
-                                                  (2, "decode"), (1, "prefill")]):
+                                                  (5, "decode"), (1, "single"),
+                                                  (5000, "prefill"), (2, "decode"),
+                                                  (3, "single"), (1, "prefill")]):
             args, want, views = make_case(family_name, c, tokens, seed=77 + step)
             args[0].mul_(0.5 ** step)
             family.reference(c, args[0].cpu().contiguous(), want["q"], want["scales"])
@@ -93,7 +94,7 @@ def test_non_finite_inputs_follow_the_documented_policy(bundle):
         x[0, 3] = float("nan")
         x[1, 5] = float("inf")
         family.reference(c, x.cpu().contiguous(), want["q"], want["scales"])
-        for variant in ("decode", "prefill"):
+        for variant in family.plan_choices:
             poison(views)
             bundle.kernel(family_name, **values)(*args, variant=variant)
             torch.cuda.synchronize()

@@ -94,14 +94,22 @@ def host_function(config, variant: Variant, arch: Arch):
         bidx, _, _ = cute.arch.block_idx()
         first = bidx * threads + tidx
         step = cute.arch.grid_dim()[0] * threads
-        if const_expr(phase != "quant"):
-            amax = block_absmax(mX, first, step)
+        if const_expr(phase == "single"):
+            # One block holds the whole tensor: every thread has the absmax after the block
+            # reduction, so the scale stays in registers (no atomics, no barrier, no workspace).
+            scale = cute.arch.fmax(block_absmax(mX, tidx, threads), Float32(eps)) / Float32(FP8_MAX)
             if tidx == 0:
-                publish_scale(amax, mScale, mWords)
-        if const_expr(phase == "decode"):
-            grid_barrier(mWords.iterator)
-        if const_expr(phase != "absmax"):
-            quantize(mX, mQ, mScale[0], first, step)
+                mScale[0] = scale
+            quantize(mX, mQ, scale, tidx, threads)
+        else:
+            if const_expr(phase != "quant"):
+                amax = block_absmax(mX, first, step)
+                if tidx == 0:
+                    publish_scale(amax, mScale, mWords)
+            if const_expr(phase == "decode"):
+                grid_barrier(mWords.iterator)
+            if const_expr(phase != "absmax"):
+                quantize(mX, mQ, mScale[0], first, step)
 
     @cute.jit
     def launch(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor, mWords: cute.Tensor,
