@@ -132,7 +132,7 @@ def test_token_plan_switch_moves_with_the_sm_count():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("hidden", [2880, 4096, 65536])
-def test_tensor_plan_one_cooperative_wave_or_two_kernels(arch, hidden):
+def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidden):
     a = get_arch(arch)
     fam, c = _point(TENSOR, hidden=hidden)
     vs = _variants(fam, c, a)
@@ -140,7 +140,7 @@ def test_tensor_plan_one_cooperative_wave_or_two_kernels(arch, hidden):
     assert d.cooperative and not vs["prefill_absmax"].cooperative
     assert not vs["prefill_quant"].cooperative
     units_per_token = hidden // d.constants["vec"]
-    single_capacity = d.threads * d.constants["single_max_vecs"]
+    single_capacity = vs["single"].threads * d.constants["single_max_vecs"]
     single_edge = single_capacity // units_per_token
     for sm in (1, 16, 132, 148, 1024):
         capacity = sm * d.threads * d.constants["decode_max_vecs"]
@@ -151,7 +151,8 @@ def test_tensor_plan_one_cooperative_wave_or_two_kernels(arch, hidden):
                 launches = fam.plan(c, vs, {"tokens": tokens}, sm, force)
                 units = tokens * units_per_token
                 single = units <= single_capacity if force is None else force == "single"
-                decode = units <= capacity if force is None else force == "decode"
+                # measured slower than the two prefill kernels everywhere: forced only
+                decode = force == "decode"
                 if single:
                     # the whole tensor in one (non-cooperative) block, whatever the SM count
                     assert [(l.variant, l.grid) for l in launches] == [("single", (1, 1, 1))]
@@ -168,9 +169,12 @@ def test_tensor_plan_one_cooperative_wave_or_two_kernels(arch, hidden):
                     for launch in launches:
                         assert 1 <= launch.grid[0] <= sm * d.constants["prefill_blocks_per_sm"]
                         assert launch.grid[0] <= -(-units // d.threads)
-    # one token of up to 16384 elements: one block; the one-wave rule above that
-    assert fam.plan(c, vs, {"tokens": 1}, 132)[0].variant == ("single" if hidden <= 16384 else "decode")
-    assert fam.plan(c, vs, {"tokens": 64}, 132)[0].variant == "decode" or hidden > 4096
+    # up to 4 vectors per thread of the 1024-thread block (32768 elements at 8 per vector):
+    # one block; the two prefill kernels above that
+    assert single_capacity == 4096
+    one = "single" if units_per_token <= single_capacity else "prefill_absmax"
+    assert fam.plan(c, vs, {"tokens": 1}, 132)[0].variant == one
+    assert [l.variant for l in fam.plan(c, vs, {"tokens": 64}, 132)] == ["prefill_absmax", "prefill_quant"]
     with pytest.raises(ConfigError):
         fam.plan(c, vs, {"tokens": 1}, 132, "prefill_quant")
 
@@ -332,9 +336,10 @@ def test_compiles_with_expected_ptx(family, values, arch):
             assert ptx.count("shfl.sync.bfly.b32") == 5  # one warp butterfly per row
             assert "bar.sync" in ptx and "atom." not in ptx
         elif name == "single":
-            # one block, the scale in registers: no atomics, no grid barrier, one block barrier
-            assert "atom." not in ptx and "bar.sync" in ptx and "griddepcontrol" not in ptx
-            assert not v.cooperative
+            # one block, the scale in registers: no atomics, no grid barrier, one block
+            # barrier; programmatic dependent launch like the other one-wave decode kernels
+            assert "atom." not in ptx and "bar.sync" in ptx
+            assert "griddepcontrol.wait" in ptx and v.pdl > 0 and not v.cooperative
         else:
             reduces = name != "prefill_quant"
             assert ("atom.global.max.s32" in ptx) == reduces  # max on the float bits

@@ -9,7 +9,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
-from ..device_utils import SharedMemory, grid_barrier
+from ..device_utils import SharedMemory, grid_barrier, pdl_prologue
 from ..fp8_token_quant.device import segment_max
 from ..spec import Variant
 from .family import FP8_MAX
@@ -39,6 +39,7 @@ def host_function(config, variant: Variant, arch: Arch):
     block = list(variant.block)
     smem_bytes = variant.smem
     cooperative = variant.cooperative
+    pdl = variant.pdl
 
     @cute.jit
     def block_absmax(mX, first, step):
@@ -90,6 +91,7 @@ def host_function(config, variant: Variant, arch: Arch):
                                 mWords: cute.Tensor):
         # mX: [tokens, hidden]; mQ: [tokens, hidden] e4m3; mScale: [1] fp32;
         # mWords: [4] int32 workspace (barrier, absmax bits, blocks counted in, -)
+        pdl_prologue(pdl)  # the single-block variant only (the others record pdl = 0)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         first = bidx * threads + tidx

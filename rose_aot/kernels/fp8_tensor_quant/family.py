@@ -11,12 +11,13 @@ scale [1] fp32 for the whole tensor:
 scale inf, its code NaN and every finite code +-0.)
 
 The absmax must be complete before any element is quantized (the seed's rule):
-- single (a tensor of at most SINGLE_MAX_VECS vectors per thread of one block: one token up
-  to hidden 16384): ONE block reduces the whole tensor, keeps the scale in registers, writes
-  it and quantizes; no atomics, no barrier, no workspace. Measured need: the cooperative decode
-  launch took 5.0-5.6 µs at one token on the H200 (act_quant-fp8_tensor_quant-h200.md), the
-  chain of global atomics and the grid barrier dominating, against 1.6 µs for torch.compile.
-- decode (the tensor fits one wave, <= DECODE_MAX_VECS vectors per thread of one block per
+- single (a tensor of at most SINGLE_MAX_VECS vectors per thread of one 1024-thread block:
+  32768 elements, e.g. one token up to hidden 32768 or 16 tokens of 2048): ONE block reduces
+  the whole tensor, keeps the scale in registers, writes it and quantizes; no atomics, no
+  barrier, no workspace; programmatic dependent launch. Measured need: the cooperative decode
+  launch took 5.0-5.7 µs at one token on the H200, the chain of global atomics and the grid
+  barrier dominating, against 1.6 µs for torch.compile.
+- decode (only when forced; see the measurements below) (the tensor fits one wave, <= DECODE_MAX_VECS vectors per thread of one block per
   SM): ONE cooperative launch, grid <= the SM count. Every block reduces its vectors, adds its
   max to a workspace word with an integer atomic max on the float bits (the absmax is >= 0,
   and non-negative floats order like their bits), and counts itself in; the last block to
@@ -32,10 +33,12 @@ int32 [4]: [0] grid barrier word (phase bit + arrivals, device_utils.grid_barrie
 bits, [2] blocks counted in, [3] padding. One point's launches on one stream never overlap,
 so the words are never shared by two launches in flight.
 
-Launch knobs: SINGLE_MAX_VECS is the single-block rule above; the others are the seed's
-recipe. Measured (H200, act_quant-fp8_tensor_quant-h200.md): the two prefill kernels beat the
-cooperative decode launch at every size benchmarked (1-32768 tokens), by 1.2-1.9x, yet decode
-stays the plan between the single-block and the prefill ranges: NOT yet re-tuned.
+The plan: single up to SINGLE_MAX_VECS, the two prefill kernels above. Measured on the H200
+(benchmarks/results/act_quant-fp8_tensor_quant-h200.md, every variant forced in one run): the
+prefill pair beat the cooperative decode launch at every size benchmarked, 1-32768 tokens and
+hidden 2048-14336, by 1.2-1.9x (hidden 2048, 128 tokens: 4.72 vs 5.74 µs). The decode variant
+stays buildable and forceable (the seed's one-launch form); the plan no longer picks it.
+DECODE_MAX_VECS and PREFILL_BLOCKS_PER_SM are the seed's recipe.
 """
 
 from __future__ import annotations
@@ -46,13 +49,14 @@ from ...archs import Arch
 from ..base import KernelFamily, choice
 from ..fp8_group_quant.family import FP8_MAX
 from ..fp8_token_quant.family import row_args, row_vec, validate_rows
-from ..spec import Launch, TensorArg, Variant
+from ..spec import PDL_MAX_THREADS, Launch, TensorArg, Variant
 
 __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
-           "SINGLE_MAX_VECS", "DECODE_MAX_VECS", "PREFILL_BLOCKS_PER_SM"]
+           "SINGLE_THREADS", "SINGLE_MAX_VECS", "DECODE_MAX_VECS", "PREFILL_BLOCKS_PER_SM"]
 
 MAX_HIDDEN = 65536
 BLOCK_THREADS = 512
+SINGLE_THREADS = 1024  # the single-block variant's block
 SINGLE_MAX_VECS = 4  # vectors per thread up to which one block quantizes the whole tensor
 DECODE_MAX_VECS = 4  # vectors per thread up to which one cooperative wave is used
 PREFILL_BLOCKS_PER_SM = 4  # grid cap of the grid-stride prefill kernels
@@ -89,11 +93,13 @@ class Fp8TensorQuant(KernelFamily):
         params = tuple(a.name for a in self.kernel_args(c, arch))
         block = (BLOCK_THREADS, 1, 1)
         smem = 4 * BLOCK_THREADS // 32  # one fp32 per warp for the block max (no max: none)
+        single = (SINGLE_THREADS, 1, 1)
         common = {"vec": self._vec(c, arch), "single_max_vecs": SINGLE_MAX_VECS,
                   "decode_max_vecs": DECODE_MAX_VECS,
                   "prefill_blocks_per_sm": PREFILL_BLOCKS_PER_SM}
         return (
-            Variant("single", block, smem, params, {**common, "phase": "single"}),
+            Variant("single", single, 4 * SINGLE_THREADS // 32, params,
+                    {**common, "phase": "single"}, pdl=PDL_MAX_THREADS),
             Variant("decode", block, smem, params, {**common, "phase": "decode"},
                     cooperative=True),
             Variant("prefill_absmax", block, smem, params, {**common, "phase": "absmax"}),
@@ -109,13 +115,11 @@ class Fp8TensorQuant(KernelFamily):
         k = decode_v.constants
         units = tokens * (c.hidden // k["vec"])  # vectors of the tensor
         threads = decode_v.threads
-        if force == "single" or (force is None and units <= threads * k["single_max_vecs"]):
+        if force == "single" or (force is None and
+                                 units <= variants["single"].threads * k["single_max_vecs"]):
             return (Launch("single", (1, 1, 1)),)
-        decode = units <= sm_count * threads * k["decode_max_vecs"]
-        if force is not None:
-            decode = force == "decode"
         blocks = -(-units // threads)
-        if decode:
+        if force == "decode":
             # Cooperative: every block resident, so at most one block per SM.
             return (Launch("decode", (max(1, min(sm_count, blocks)), 1, 1)),)
         cap = sm_count * variants["prefill_absmax"].constants["prefill_blocks_per_sm"]
