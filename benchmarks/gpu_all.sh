@@ -6,7 +6,8 @@
 #   LANE_B, GPU 0 (default: warmup: cold processes, host time, little GPU work);
 #   LANE_C, GPU 1 (default: the MoE, activation/quantization, combine-sweep and fused-FP8
 #   dispatch benchmarks).
-# EP_STEP= (empty) skips the expert-parallel checks. Every step has its own time limit
+# EP_STEP= (empty) skips the expert-parallel checks; EP_STEP=concurrency runs the two-GPU loader
+# test in that slot instead. Every step has its own time limit
 # (env <STEP>_LIMIT in seconds, e.g. TESTS_LIMIT=330) so a hang costs that step only.
 #
 #   OUT=... bash benchmarks/gpu_all.sh

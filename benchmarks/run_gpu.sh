@@ -11,7 +11,7 @@
 #   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
-# STEP: tests | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
+# STEP: tests | concurrency | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
 # act_quant:FAMILY,FAMILY |
 # overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun). Logs go to $OUT
 # (or benchmarks/results). GPU_TESTS narrows the tests step to some files; ACT_QUANT_FAMILIES
@@ -36,6 +36,9 @@ for step in "$@"; do
     case "$step" in
         tests) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle python3 -m pytest ${GPU_TESTS:-tests/gpu} \
                    -q -rs -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/gpu-tests.log" ;;
+        concurrency)  # one bundle on every visible GPU and 8 threads (run with two GPUs)
+            ROSE_AOT_TEST_BUNDLE=build/test.rosebundle python3 -m pytest tests/gpu/test_concurrency_gpu.py \
+                -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests-concurrency.log" ;;
         sanitizer)
             compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_launches.py \
                 build/test.rosebundle 2>&1 | tee "$OUT/sanitizer-memcheck.log"
