@@ -12,7 +12,7 @@ scale inf, its code NaN and every finite code +-0.)
 
 The absmax must be complete before any element is quantized (the seed's rule):
 - single (a tensor of at most SINGLE_MAX_VECS vectors per thread of one 1024-thread block:
-  32768 elements, e.g. one token up to hidden 32768 or 16 tokens of 2048): ONE block reduces
+  16384 elements at 8 per vector, e.g. one token up to hidden 16384): ONE block reduces
   the whole tensor, keeps the scale in registers, writes it and quantizes; no atomics, no
   barrier, no workspace; programmatic dependent launch. Measured need: the cooperative decode
   launch took 5.0-5.7 µs at one token on the H200, the chain of global atomics and the grid
@@ -33,7 +33,9 @@ int32 [4]: [0] grid barrier word (phase bit + arrivals, device_utils.grid_barrie
 bits, [2] blocks counted in, [3] padding. One point's launches on one stream never overlap,
 so the words are never shared by two launches in flight.
 
-The plan: single up to SINGLE_MAX_VECS, the two prefill kernels above. Measured on the H200
+The plan: single up to SINGLE_MAX_VECS, the two prefill kernels above. SINGLE_MAX_VECS from
+the same measurements: forced single took 2.90 µs for one token of 14336 (1.75 vectors per
+thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 4.57). Measured on the H200
 (benchmarks/results/act_quant-fp8_tensor_quant-h200.md, every variant forced in one run): the
 prefill pair beat the cooperative decode launch at every size benchmarked, 1-32768 tokens and
 hidden 2048-14336, by 1.2-1.9x (hidden 2048, 128 tokens: 4.72 vs 5.74 µs). The decode variant
@@ -57,7 +59,7 @@ __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
 MAX_HIDDEN = 65536
 BLOCK_THREADS = 512
 SINGLE_THREADS = 1024  # the single-block variant's block
-SINGLE_MAX_VECS = 4  # vectors per thread up to which one block quantizes the whole tensor
+SINGLE_MAX_VECS = 2  # vectors per thread up to which one block quantizes the whole tensor
 DECODE_MAX_VECS = 4  # vectors per thread up to which one cooperative wave is used
 PREFILL_BLOCKS_PER_SM = 4  # grid cap of the grid-stride prefill kernels
 
