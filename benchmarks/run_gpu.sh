@@ -14,7 +14,8 @@
 # STEP: tests | concurrency | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
 # act_quant:FAMILY,FAMILY |
 # overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun). Logs go to $OUT
-# (or benchmarks/results). GPU_TESTS narrows the tests step to some files; ACT_QUANT_FAMILIES
+# (or benchmarks/results). GPU_TESTS narrows the tests step to some files, SANITIZER_FAMILIES
+# (space-separated) the sanitizer step to some families; ACT_QUANT_FAMILIES
 # (space-separated) the act_quant families; ACT_QUANT_TOKENS and SWEEP_TOKENS set the token
 # counts of act_quant and moe_sweep. NVLink multicast stays off in
 # every process started here.
@@ -41,9 +42,9 @@ for step in "$@"; do
                 -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests-concurrency.log" ;;
         sanitizer)
             compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_launches.py \
-                build/test.rosebundle 2>&1 | tee "$OUT/sanitizer-memcheck.log"
+                build/test.rosebundle ${SANITIZER_FAMILIES:-} 2>&1 | tee "$OUT/sanitizer-memcheck.log"
             compute-sanitizer --tool racecheck python3 tests/gpu/sanitizer_launches.py \
-                build/test.rosebundle 2>&1 | tee "$OUT/sanitizer-racecheck.log" ;;
+                build/test.rosebundle ${SANITIZER_FAMILIES:-} 2>&1 | tee "$OUT/sanitizer-racecheck.log" ;;
         norms) python3 benchmarks/bench_norms.py build/bench-norms.rosebundle 2>&1 \
                    | tee "$OUT/bench-norms.log" ;;
         norms_wide) python3 benchmarks/bench_norms.py build/bench-norms-wide.rosebundle \

@@ -122,10 +122,10 @@ class KernelBundle:
         # The record is self-consistent: each parameter is the packing of the argument it
         # names (a loader packs exactly what the record says, so a mismatch would corrupt
         # the launch rather than fail it).
-        args = {a.name: a for a in (*record.args, *record.workspace)}
+        packings = {a.name: ParamRecord.of(a) for a in (*record.args, *record.workspace)}
         for variant in record.variants:
             for param in variant.params:
-                if param.name not in args or ParamRecord.of(args[param.name]) != param:
+                if packings.get(param.name) != param:
                     raise BundleError(
                         f"{where}: parameter {param.name!r} of variant {variant.name} is not the "
                         f"packing of the record's argument of that name; {_REBUILD}"

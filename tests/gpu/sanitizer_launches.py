@@ -1,7 +1,10 @@
 """One decode and one prefill launch of every kernel family, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck  python3 tests/gpu/sanitizer_launches.py BUNDLE
-    compute-sanitizer --tool racecheck python3 tests/gpu/sanitizer_launches.py BUNDLE
+    compute-sanitizer --tool memcheck  python3 tests/gpu/sanitizer_launches.py BUNDLE [FAMILY...]
+    compute-sanitizer --tool racecheck python3 tests/gpu/sanitizer_launches.py BUNDLE [FAMILY...]
+
+FAMILY names limit the run to those families (a re-check after changing one); by default every
+family of the bundle runs.
 
 Not a pytest module (the sanitizer wraps the whole process). Sizes are odd so that partial
 blocks and predicated lanes are exercised; outputs are checked against the float64 reference.
@@ -25,7 +28,7 @@ ACT_QUANT = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_s
              "nvfp4_quant")
 
 
-def main(path: str) -> None:
+def main(path: str, families: tuple[str, ...] = ()) -> None:
     import torch
 
     from rose_aot import open_bundle
@@ -38,6 +41,8 @@ def main(path: str) -> None:
     seen = set()
     for point in bundle.index["points"]:
         if point["arch"] != arch or point["family"] in seen:
+            continue
+        if families and point["family"] not in families:
             continue
         seen.add(point["family"])
         family = get_family(point["family"])
@@ -114,4 +119,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1], tuple(sys.argv[2:]))
