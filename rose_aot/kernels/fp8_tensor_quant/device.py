@@ -40,7 +40,6 @@ def host_function(config, variant: Variant, arch: Arch):
     smem_bytes = variant.smem
     cooperative = variant.cooperative
     pdl = variant.pdl
-    per = variant.constants["single_max_vecs"]  # vectors per thread the single block holds
 
     @cute.jit
     def block_absmax(mX, first, step):
@@ -72,42 +71,6 @@ def host_function(config, variant: Variant, arch: Arch):
             mScale[0] = cute.arch.fmax(total, Float32(eps)) / Float32(FP8_MAX)
 
     @cute.jit
-    def single_in_registers(mX, mQ, mScale, tidx):
-        """The single-block variant when the tensor fits `per` vectors per thread: every
-        thread loads its vectors once (all loads in flight together), the block reduces, and
-        the codes are made from the registers (no second read of x)."""
-        alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
-        sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
-        units = mX.shape[0] * V
-        tXrX = cute.make_rmem_tensor((vec, per), mX.element_type)
-        tXrX.fill(0)  # vectors past the end count as 0 in the absmax
-        for i in cutlass.range_constexpr(per):
-            u = tidx + i * threads
-            if u < units:
-                gX = cute.zipped_divide(mX[u // V, None], (vec,))
-                cute.autovec_copy(gX[(None, u % V)], tXrX[None, i])
-        tYrY = cute.make_rmem_tensor((vec, per), Float32)
-        tYrY.store(tXrX.load().to(Float32))
-        amax = Float32(0.0)
-        for i in cutlass.range_constexpr(per):
-            for j in cutlass.range_constexpr(vec):
-                amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j, i]))
-        amax = segment_max(amax, sWarp, threads)
-        scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
-        if tidx == 0:
-            mScale[0] = scale
-        for i in cutlass.range_constexpr(per):
-            for j in cutlass.range_constexpr(vec):
-                tYrY[j, i] = tYrY[j, i] / scale
-        tQrQ = cute.make_rmem_tensor((vec, per), mQ.element_type)
-        tQrQ.store(tYrY.load().to(mQ.element_type))
-        for i in cutlass.range_constexpr(per):
-            u = tidx + i * threads
-            if u < units:
-                gQ = cute.zipped_divide(mQ[u // V, None], (vec,))
-                cute.autovec_copy(tQrQ[None, i], gQ[(None, u % V)])
-
-    @cute.jit
     def quantize(mX, mQ, scale, first, step):
         tXrX = cute.make_rmem_tensor((vec,), mX.element_type)
         tQrQ = cute.make_rmem_tensor((vec,), mQ.element_type)
@@ -136,13 +99,10 @@ def host_function(config, variant: Variant, arch: Arch):
         if const_expr(phase == "single"):
             # One block holds the whole tensor: every thread has the absmax after the block
             # reduction, so the scale stays in registers (no atomics, no barrier, no workspace).
-            if mX.shape[0] * V <= threads * per:  # the plan's sizes: in registers
-                single_in_registers(mX, mQ, mScale, tidx)
-            else:  # forced on a larger tensor: grid-stride, x read twice
-                scale = cute.arch.fmax(block_absmax(mX, tidx, threads), Float32(eps)) / Float32(FP8_MAX)
-                if tidx == 0:
-                    mScale[0] = scale
-                quantize(mX, mQ, scale, tidx, threads)
+            scale = cute.arch.fmax(block_absmax(mX, tidx, threads), Float32(eps)) / Float32(FP8_MAX)
+            if tidx == 0:
+                mScale[0] = scale
+            quantize(mX, mQ, scale, tidx, threads)
         else:
             if const_expr(phase != "quant"):
                 amax = block_absmax(mX, first, step)

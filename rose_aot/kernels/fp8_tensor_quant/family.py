@@ -12,10 +12,9 @@ scale inf, its code NaN and every finite code +-0.)
 
 The absmax must be complete before any element is quantized (the seed's rule):
 - single (a tensor of at most SINGLE_MAX_VECS vectors per thread of one 1024-thread block:
-  16384 elements at 8 per vector, e.g. one token up to hidden 16384): ONE block loads the
-  whole tensor into registers (every load in flight at once), reduces it, writes the scale and
-  quantizes from the registers; no atomics, no barrier, no workspace; programmatic dependent
-  launch. Forced on a larger tensor it walks it grid-stride and reads it twice. Measured need: the cooperative decode
+  16384 elements at 8 per vector, e.g. one token up to hidden 16384): ONE block reduces
+  the whole tensor, keeps the scale in registers, writes it and quantizes; no atomics, no
+  barrier, no workspace; programmatic dependent launch. Measured need: the cooperative decode
   launch took 5.0-5.7 µs at one token on the H200, the chain of global atomics and the grid
   barrier dominating, against 1.6 µs for torch.compile.
 - decode (only when forced; see the measurements below) (the tensor fits one wave, <= DECODE_MAX_VECS vectors per thread of one block per
