@@ -44,7 +44,11 @@ class SharedMemory:
     The launch passes the record's `smem` bytes; a kernel that allocates more would read and
     write past its allocation. Every allocation goes through here, is laid out the way
     SmemAllocator lays it out (sequential, aligned), and fails the compile when the total
-    exceeds the record. Create it inside the kernel body (it emits the allocator).
+    exceeds the record. Create it inside the kernel body (it emits the allocator), and only ONE
+    per kernel: a second SmemAllocator in the same kernel, even in the other branch of a dynamic
+    `if`, starts where the first one ended (seen in the PTX, nvidia-cutlass-dsl 4.8.1), so its
+    tensors lie past the recorded size while this per-instance check passes. An H200 run of such
+    a kernel ended in an illegal memory access (2026-11-30).
     """
 
     def __init__(self, budget: int, what: str):
