@@ -29,7 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
 
-from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
+from common import (  # noqa: E402
+    bench_us, copy_bandwidth_tbs, environment, int_list, out_dir, plot_families,
+)
 
 WIDTHS = [2048, 4096, 7168, 14336]
 TOKENS = [1, 16, 128, 1024, 8192, 32768]
@@ -368,36 +370,6 @@ def report(rows, copy_tbs, env, out, name):
         f.write(text + "\n")
 
 
-def plot(rows, out):
-    try:
-        import matplotlib
-    except ImportError:
-        print("NOTE: matplotlib not installed; no plots", flush=True)
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for family in sorted({r["family"] for r in rows}):
-        fam = [r for r in rows if r["family"] == family]
-        shapes = sorted({r["shape"] for r in fam})
-        fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4), squeeze=False)
-        for ax, shape in zip(axes[0], shapes):
-            pts = sorted((r for r in fam if r["shape"] == shape), key=lambda r: r["tokens"])
-            for impl in pts[0]["us"]:
-                xs = [p["tokens"] for p in pts if impl in p["us"]]
-                ax.plot(xs, [p["us"][impl] for p in pts if impl in p["us"]], "o-", label=impl)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("tokens")
-            ax.set_ylabel("µs per call (CUDA graph, median)")
-            ax.set_title(f"{family} {shape}")
-            ax.grid(True, which="both", alpha=0.3)
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, f"{family}.png"), dpi=110)
-        plt.close(fig)
-
-
 def main() -> None:
     import torch
 
@@ -436,7 +408,7 @@ def main() -> None:
     with open(os.path.join(out, f"act_quant-{args.family}.json"), "w") as f:
         json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows}, f, indent=1)
     report(rows, copy_tbs, env, out, args.family)
-    plot(rows, out)
+    plot_families(rows, out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
+from common import (  # noqa: E402
+    bench_us, copy_bandwidth_tbs, environment, int_list, out_dir, plot_families,
+)
 
 QK_SHAPES = [(32, 4, 128), (32, 8, 128), (8, 4, 256)]
 HIDDENS = [2048, 4096, 7168]
@@ -171,32 +173,6 @@ def report(rows, copy_tbs, env, out, name=""):
         f.write(text + "\n")
 
 
-def plot(rows, out, name=""):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for family in sorted({r["family"] for r in rows}):
-        fam = [r for r in rows if r["family"] == family]
-        shapes = sorted({r["shape"] for r in fam}, key=lambda s: [int(x) for x in s.split("/")])
-        fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
-        for ax, shape in zip(axes[0], shapes):
-            pts = sorted((r for r in fam if r["shape"] == shape), key=lambda r: r["tokens"])
-            for impl in pts[0]["us"]:
-                ax.plot([p["tokens"] for p in pts], [p["us"][impl] for p in pts], "o-", label=impl)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("tokens")
-            ax.set_ylabel("µs per call (CUDA graph, median)")
-            ax.set_title(f"{family} {shape}")
-            ax.grid(True, which="both", alpha=0.3)
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, f"{family}{name}.png"), dpi=110)
-        plt.close(fig)
-
-
 def main() -> None:
     import torch
 
@@ -228,7 +204,7 @@ def main() -> None:
     with open(os.path.join(out, f"norms-{args.family}{name}.json"), "w") as f:
         json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows}, f, indent=1)
     report(rows, copy_tbs, env, out, name)
-    plot(rows, out, name)
+    plot_families(rows, out, name)
 
 
 if __name__ == "__main__":

@@ -92,3 +92,49 @@ def out_dir(default: str) -> str:
     path = os.environ.get("OUT") or default
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def shape_order(shape: str) -> list[tuple]:
+    """Sort key of a benchmark shape such as "silu/2048" or "32/8/128": its "/"-separated parts,
+    numbers compared as numbers (so 2048 comes before 14336)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in shape.split("/")]
+
+
+def plot_families(rows: list[dict], out: str, suffix: str = "") -> list[str]:
+    """One PNG per family (`<family><suffix>.png` in `out`): per shape (in `shape_order`) a
+    log-log panel of µs per call against tokens, one line per implementation (points where it
+    ran). `rows` are the benchmarks' rows ({"family", "shape", "tokens", "us": {impl: µs}}).
+    Returns the files written; none, with a note, when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("NOTE: matplotlib not installed; no plots", flush=True)
+        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for family in sorted({r["family"] for r in rows}):
+        fam = [r for r in rows if r["family"] == family]
+        shapes = sorted({r["shape"] for r in fam}, key=shape_order)
+        fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4), squeeze=False)
+        for ax, shape in zip(axes[0], shapes):
+            pts = sorted((r for r in fam if r["shape"] == shape), key=lambda r: r["tokens"])
+            impls = list(dict.fromkeys(k for p in pts for k in p["us"]))
+            for impl in impls:
+                have = [p for p in pts if impl in p["us"]]
+                ax.plot([p["tokens"] for p in have], [p["us"][impl] for p in have], "o-",
+                        label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("tokens")
+            ax.set_ylabel("µs per call (CUDA graph, median)")
+            ax.set_title(f"{family} {shape}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out, f"{family}{suffix}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

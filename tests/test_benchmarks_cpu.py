@@ -1,0 +1,53 @@
+"""The benchmark scripts' CPU-side helpers: option parsing and the plots drawn from the rows the
+GPU runs committed under benchmarks/results/ (the timing itself needs the GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import common  # noqa: E402  (benchmarks/common.py)
+
+
+def test_int_list_parses_counts_and_refuses_the_rest():
+    assert common.int_list("1,128, 8192") == [1, 128, 8192]
+    for bad in ("", "0,1", "a,2", "-3", ","):
+        with pytest.raises(argparse.ArgumentTypeError):
+            common.int_list(bad)
+
+
+def test_shape_order_compares_numbers_as_numbers():
+    shapes = ["silu/14336", "gelu_tanh/2048", "silu/2048", "32/8/128", "4/4/128", "7168"]
+    assert sorted(shapes, key=common.shape_order) == [
+        "4/4/128", "32/8/128", "7168", "gelu_tanh/2048", "silu/2048", "silu/14336"]
+
+
+@pytest.mark.parametrize("name, suffix", [
+    ("act_quant-fp8_tensor_quant-h200.json", ""),
+    ("norms-wide-h200.json", "-wide"),
+])
+def test_plot_families_draws_one_png_per_family_from_committed_rows(tmp_path, name, suffix):
+    pytest.importorskip("matplotlib")
+    with open(os.path.join(ROOT, "benchmarks", "results", name)) as f:
+        rows = json.load(f)["rows"]
+    written = common.plot_families(rows, str(tmp_path), suffix)
+    families = sorted({r["family"] for r in rows})
+    assert [os.path.basename(p) for p in written] == [f"{fam}{suffix}.png" for fam in families]
+    for path in written:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_families_without_matplotlib_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    rows = [{"family": "f", "shape": "1", "tokens": 1, "us": {"a": 1.0}}]
+    assert common.plot_families(rows, str(tmp_path)) == []
+    assert list(tmp_path.iterdir()) == []
+    assert "matplotlib not installed" in capsys.readouterr().out
