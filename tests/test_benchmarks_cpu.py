@@ -4,6 +4,7 @@ GPU runs committed under benchmarks/results/ (the timing itself needs the GPU)."
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -11,9 +12,19 @@ import sys
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import common  # noqa: E402  (benchmarks/common.py)
+
+def _load_benchmarks_common():
+    """benchmarks/common.py under its own module name: tests/multigpu has a `common` module
+    too, and a plain `import common` here would shadow it for later tests."""
+    spec = importlib.util.spec_from_file_location(
+        "rose_benchmarks_common", os.path.join(ROOT, "benchmarks", "common.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+common = _load_benchmarks_common()
 
 
 def test_int_list_parses_counts_and_refuses_the_rest():
