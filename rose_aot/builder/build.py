@@ -389,12 +389,20 @@ def _kill_pool(pool: cf.ProcessPoolExecutor) -> None:
             process.kill()
         except (OSError, ValueError, AttributeError):
             pass
+    # Taken before shutdown, which drops the executor's reference to it.
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         try:
             process.join(timeout=2)
         except (OSError, ValueError, AssertionError):
             pass
+    # Let the manager thread finish closing its wakeup pipe before the interpreter exits:
+    # otherwise concurrent.futures' exit hook can write to the pipe while it is being closed
+    # and print an "Exception ignored ... Bad file descriptor" traceback after the one-line
+    # error (seen once in CI on a SIGINT'd build).
+    if manager is not None:
+        manager.join(timeout=2)
 
 
 def _worker_init(parent_pid: int) -> None:
