@@ -24,7 +24,8 @@ WORK=$(mktemp -d)
 bash benchmarks/run_gpu.sh > /dev/null 2>&1  # installs the carried wheels once, before the lanes
 limit() {  # the time limit of a step: $<STEP>_LIMIT (act_quant:... reads ACT_QUANT_LIMIT), else its default
     local base="${1%%:*}" default
-    local var="${base^^}_LIMIT"
+    local var="${base^^}"
+    var="${var//[^A-Z0-9_]/_}_LIMIT"
     case "$base" in
         tests) default=330 ;; overhead) default=60 ;; warmup) default=300 ;; moe) default=110 ;;
         act_quant) default=200 ;; moe_sweep) default=60 ;; moe_fp8) default=40 ;;
@@ -44,6 +45,17 @@ lane() {  # lane GPU STEP...: each step on one GPU, logs in $WORK/STEP
     done
 }
 EP_STEP="${EP_STEP-ep}"
+# Every step's name and limit are checked before anything runs: a typo must not cost a device
+# call.
+bash benchmarks/run_gpu.sh --check $EP_STEP ${LANE_A-overhead tests} ${LANE_B-warmup} \
+    ${LANE_C-moe act_quant moe_sweep moe_fp8} || exit 2
+for step in $EP_STEP ${LANE_A-overhead tests} ${LANE_B-warmup} ${LANE_C-moe act_quant moe_sweep moe_fp8}; do
+    value="$(limit "$step")"
+    if ! [[ "$value" =~ ^[0-9]+$ ]] || [ "$value" -eq 0 ]; then
+        echo "gpu_all.sh: the time limit of step $step is '$value'; set a positive number of seconds" >&2
+        exit 2
+    fi
+done
 if [ -n "$EP_STEP" ]; then
     mkdir -p "$WORK/ep"
     OUT="$WORK/ep" timeout "$(limit ep)" bash benchmarks/run_gpu.sh "$EP_STEP" > "$WORK/ep/console.log" 2>&1

@@ -22,6 +22,17 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
+# Step names are checked before anything is installed or run (`--check STEP...` checks only).
+STEPS=" tests concurrency sanitizer norms norms_wide moe moe_sweep moe_fp8 act_quant overhead pdl warmup ep ep_bench "
+check_only=0
+if [ "${1:-}" = "--check" ]; then check_only=1; shift; fi
+for step in "$@"; do
+    case "$STEPS" in *" ${step%%:*} "*) ;; *) echo "run_gpu.sh: unknown step '$step'; steps:$STEPS" >&2; exit 2 ;; esac
+    if [ "${step%%:*}" = act_quant ] && [ "$step" != act_quant ] && [ -z "${step#act_quant:}" ]; then
+        echo "run_gpu.sh: step '$step' names no family" >&2; exit 2
+    fi
+done
+[ "$check_only" = 1 ] && exit 0
 OUT="${OUT:-benchmarks/results}"
 mkdir -p "$OUT"
 # Installed once per machine (benchmarks/gpu_all.sh runs several of these jobs at once).

@@ -33,7 +33,10 @@ REPEATS = int(_repeats)
 # ROSE_WARMUP_CONTEXT_FIRST=1: each probe creates its CUDA context before the clock starts, so
 # preload_ms excludes it (the context's own cost is reported as context_ms). Off by default:
 # the 2026-11-30 figures in the README were measured with the context inside preload.
-CONTEXT_FIRST = os.environ.get("ROSE_WARMUP_CONTEXT_FIRST", "0") == "1"
+_context_first = os.environ.get("ROSE_WARMUP_CONTEXT_FIRST", "0")
+if _context_first not in ("0", "1"):
+    sys.exit(f"ROSE_WARMUP_CONTEXT_FIRST must be 0 or 1 (got {_context_first!r})")
+CONTEXT_FIRST = _context_first == "1"
 
 _GPU_PROBE = r"""
 import json, sys, time
@@ -95,6 +98,12 @@ def build_side(out_dir: Path, manifests: list[str]) -> None:
 def gpu_side(models_dir: Path) -> None:
     import torch
 
+    bundles = sorted(models_dir.glob("*.rosebundle"))
+    if not (models_dir / "dsl-import.json").is_file() or not bundles:
+        sys.exit(f"{models_dir} has no bundles and dsl-import.json; run "
+                 f"`python benchmarks/warmup.py build-side {models_dir} manifests/*.toml` first")
+    if not torch.cuda.is_available():
+        sys.exit("warmup.py gpu-side needs a CUDA GPU")
     dsl = json.loads((models_dir / "dsl-import.json").read_text())["dsl_import_ms"]
     out = Path(os.environ.get("OUT", "benchmarks/results"))
     out.mkdir(parents=True, exist_ok=True)
@@ -108,7 +117,7 @@ def gpu_side(models_dir: Path) -> None:
           "AOT per model ms (open + preload) | JIT (DSL import + compile) ms | x faster |"
           + (" CUDA context ms |" if CONTEXT_FIRST else ""))
     print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if CONTEXT_FIRST else ""), flush=True)
-    for bundle in sorted(models_dir.glob("*.rosebundle")):
+    for bundle in bundles:
         report = json.loads(Path(str(bundle) + ".report.json").read_text())
         compile_ms = 1e3 * sum(
             v["compile_seconds"] for item in report["items"] for v in item["variants"]

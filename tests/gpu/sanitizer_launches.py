@@ -35,7 +35,18 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
     from rose_aot.kernels import get_family
     from rose_aot.kernels.spec import Dim
 
-    bundle = open_bundle(path)
+    from rose_aot.errors import RoseAotError
+
+    try:
+        bundle = open_bundle(path)
+    except RoseAotError as exc:
+        sys.exit(f"sanitizer_launches.py: {exc}")
+    unknown = sorted(set(families) - {p["family"] for p in bundle.index["points"]})
+    if unknown:  # a typo would otherwise check nothing and exit 0
+        have = ", ".join(sorted({p["family"] for p in bundle.index["points"]}))
+        sys.exit(f"sanitizer_launches.py: {path} has no family {', '.join(unknown)}; it has: {have}")
+    if not torch.cuda.is_available():
+        sys.exit("sanitizer_launches.py needs a CUDA GPU")
     device = torch.cuda.current_device()
     arch = bundle.arch_for_device(device)
     seen = set()
