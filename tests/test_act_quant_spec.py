@@ -430,7 +430,11 @@ def test_compiles_with_expected_ptx(family, values, arch):
             shuffles = ptx.count("shfl.sync.bfly.b32")
             assert shuffles == (lanes.bit_length() - 1) * v.constants["vecs_per_thread"]
             assert ("0x600000" in ptx) == c.ue8m0  # the exact power-of-two scale
-            assert ("div.rn.f32" in ptx)
+            # device_utils.quotient: a correctly rounded reciprocal per group (and the scale's
+            # own division), three fp32 operations per element, never a division per element
+            divisions = ptx.count("div.rn.f32") + ptx.count("rcp.rn.f32")
+            assert 0 < divisions <= 2 * v.constants["vecs_per_thread"]
+            assert "fma.rn.f32" in ptx
 
 
 # ----------------------------------------------------------------------------- the GPU suite's checks

@@ -330,7 +330,10 @@ def test_compiles_with_expected_ptx(family, values, arch):
         assert "div.approx" not in ptx and "div.full" not in ptx
         quantizes = name != "prefill_absmax"
         assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == quantizes
-        assert ("div.rn.f32" in ptx)
+        if quantizes:  # device_utils.quotient: a reciprocal per scale, fma per element
+            assert "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
+            divisions = ptx.count("div.rn.f32") + ptx.count("rcp.rn.f32")
+            assert divisions <= 2, f"{name}: {divisions} divisions, one per element?"
         if family == TOKEN:
             assert ("griddepcontrol.wait" in ptx) == (name == "decode") == (v.pdl > 0)
             assert ptx.count("shfl.sync.bfly.b32") == 5  # one warp butterfly per row

@@ -16,6 +16,9 @@ __all__ = [
     "butterfly_sum",
     "grid_barrier",
     "block_exclusive_sum",
+    "quotient_factors",
+    "quotient",
+    "pure_asm",
 ]
 
 CUTLASS_DTYPES = {
@@ -228,3 +231,55 @@ def trap() -> None:
         None, [], "trap;", "~{memory}", has_side_effects=True, is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
+
+
+def pure_asm(result_type, operands, text: str, constraints: str):
+    """Inline PTX without side effects: `result_type` from `operands` ($1.. in `text`)."""
+    return llvm.inline_asm(
+        result_type,
+        [o.ir_value() for o in operands],
+        text,
+        constraints,
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+# PTX of `quotient_factors` and `quotient` ($0 the result), module constants so that the CPU
+# suite runs exactly this text through an interpreter (tests/test_quant_arithmetic_cpu.py).
+DIVISOR_PTX = "{\n.reg .pred p;\nsetp.eq.f32 p, $1, 0f7F800000;\nselp.f32 $0, 0f00000000, $1, p;\n}"
+QUOTIENT_PTX = (
+    "{\n.reg .f32 q, e, n;\n"
+    "mul.rn.f32 q, $1, $3;\n"
+    "neg.f32 n, $1;\n"
+    "fma.rn.f32 e, $2, q, n;\n"
+    "neg.f32 e, e;\n"
+    "fma.rn.f32 $0, e, $3, q;\n}"
+)
+
+
+def quotient_factors(scale: Float32) -> tuple[Float32, Float32]:
+    """(divisor, reciprocal) of a positive scale (or +inf) for `quotient`, once per scale.
+
+    The reciprocal is fp32(1 / scale) rounded to nearest (div.rn; 1 / inf = 0). The divisor is
+    the scale, or 0 for +inf: then `quotient` gives x * 0 = +-0 for a finite x, with x's sign,
+    and NaN for +-inf, which is x / inf."""
+    recip = Float32(1.0) / scale
+    return Float32(pure_asm(Float32.mlir_type, [scale], DIVISOR_PTX, "=f,f")), recip
+
+
+def quotient(x: Float32, divisor: Float32, recip: Float32) -> Float32:
+    """fp32(x / scale), rounded to nearest, in three fp32 operations (a division is about ten
+    and a slow-path check): q0 = x * r, e = scale * q0 - x (exact, fma), q = q0 - e * r.
+
+    With r the correctly rounded reciprocal this is Markstein's correction: q is the correctly
+    rounded quotient whenever the residual e does not underflow. The kernels' scales are at
+    least 1e-20 / 448, so e underflows only for |x| < 2^-100, where the quotient is below 2^-24
+    and quantizes to the same signed zero in e4m3 and e2m1 either way. e is formed as
+    scale * q0 - x, not x - scale * q0, so that x = -0 gives -0 (the other sign of e would
+    round -0 + +0 to +0). Checked against float64 division for every bf16 and fp16 value and
+    every power of two of the scale range, and near every e4m3 midpoint
+    (tests/test_quant_arithmetic_cpu.py); the GPU suites check the kernels bit for bit."""
+    return Float32(pure_asm(Float32.mlir_type, [x, divisor, recip], QUOTIENT_PTX,
+                                  "=f,f,f,f"))

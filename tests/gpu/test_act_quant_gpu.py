@@ -87,6 +87,58 @@ def test_fp8_non_finite_inputs_follow_the_documented_policy(bundle):
         compare(family_name, c, {"q": want_q, "scales": want_s}, views, f"{family.key(c)} non-finite")
 
 
+def _every_value_rows(dtype, width: int, shuffle: bool):
+    """Every finite value of `dtype` (bit patterns in order, so a group spans neighbouring
+    magnitudes; or shuffled, so groups mix them), zero-padded to whole rows of `width`."""
+    import torch
+
+    bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    v = bits.view(getattr(torch, dtype)).float()
+    v = v[torch.isfinite(v)]
+    if shuffle:
+        v = v[torch.randperm(len(v), generator=torch.Generator().manual_seed(7))]
+    rows = -(-len(v) // width)
+    x = torch.zeros(rows * width)
+    x[: len(v)] = v
+    return x.reshape(rows, width).to(getattr(torch, dtype))
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_every_input_value_quantizes_bit_exactly(bundle, shuffle):
+    """Every finite bf16/fp16 value through every FP8-group and block-scaled point: exercises the
+    kernels' quotient (a reciprocal and a correction step instead of a division) and the sm_90a
+    e2m1 rounding on subnormal, tie and saturating inputs, against the float64 reference."""
+    import torch
+
+    points = [(f, v) for f, v in _points(bundle)
+              if f in ("fp8_group_quant", "block_scaled_quant", "nvfp4_quant")]
+    assert points
+    for family_name, values in points:
+        family = get_family(family_name)
+        c = family.make_config(**values)
+        x = _every_value_rows(c.dtype, c.hidden, shuffle)
+        tokens = x.shape[0]
+        _, _, views = make_case(family_name, c, tokens, seed=3)
+        inputs = [x]
+        if family_name == "nvfp4_quant":
+            inputs.append(torch.tensor([1.0]))  # x * g = x: quotients over the whole range
+        if family_name == "fp8_group_quant":
+            want = {"q": torch.empty(tokens, c.hidden, dtype=torch.float8_e4m3fn),
+                    "scales": torch.empty(tokens, c.hidden // c.group)}
+            family.reference(c, x, want["q"], want["scales"])
+        else:
+            q, s = views["q"], views["scales"]
+            want = {"q": torch.empty(q.shape, dtype=torch.uint8),
+                    "scales": s.view(torch.uint8).cpu().clone()}
+            family.reference(c, *inputs, want["q"].view(q.dtype), want["scales"].view(s.dtype))
+        want = {k: v.cuda() for k, v in want.items()}
+        family_args = [t.cuda() for t in inputs]
+        bundle.kernel(family_name, **values)(*family_args, *[views[k] for k in ("q", "scales")])
+        torch.cuda.synchronize()
+        order = "shuffled" if shuffle else "ordered"
+        compare(family_name, c, want, views, f"{family.key(c)} every value ({order})")
+
+
 def test_launch_is_captured_by_cuda_graphs(bundle):
     import torch
 

@@ -6,40 +6,44 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8, Uint32, const_expr
-from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
 from ..act_and_mul.device import load_chunk, store_chunk
 from ..fp8_group_quant.device import butterfly_max
-from ..device_utils import pdl_prologue
+from ..device_utils import pdl_prologue, pure_asm, quotient, quotient_factors
 from ..spec import Variant
 
-__all__ = ["host_function"]
+__all__ = ["host_function", "E2M1_PAIR_PTX"]
 
 # max representable value = 1.f * 2**K: mantissa field of 1.f and K, per data format
 _MX = {"mxfp8": (8, 0x600000), "mxfp4": (2, 0x400000)}
-# e2m1 rounding thresholds (nearest, ties to even): '>' where the tie goes down, '>=' up
-_E2M1_STEPS = (
-    ("gt", "0f3E800000"),  # 0.25
-    ("ge", "0f3F400000"),  # 0.75
-    ("gt", "0f3FA00000"),  # 1.25
-    ("ge", "0f3FE00000"),  # 1.75
-    ("gt", "0f40200000"),  # 2.5
-    ("ge", "0f40600000"),  # 3.5
-    ("gt", "0f40A00000"),  # 5
-)
+def _e2m1_pair_ptx() -> str:
+    """PTX of the sm_90a `e2m1_pair`: $0 = e2m1($1) | e2m1($2) << 4, codes from integer
+    arithmetic on the fp32 bits (about 12 instructions each; a compare per rounding threshold
+    took 14 more and left the FP4 kernels compute-bound on the H200):
+    - |a| < 1: the code is round-half-even(2|a|) (0, 0.5, 1.0 are codes 0, 1, 2), read off the
+      bits of fma(|a|, 2, 2^23), whose one rounding lands on that integer;
+    - |a| >= 1: codes 2..7 are 1.0, 1.5, 2, 3, 4, 6 in order: the fp32 bits rounded to one
+      mantissa bit, ties to even (add 2^21 - 1 plus the kept bit, shift by 22), minus 252,
+      capped at 7 (saturation; +inf too).
+    The sign is bit 31 of the input, so -0 and negatives rounding to 0 keep it."""
+    lines = ["{", ".reg .f32 af, t;", ".reg .pred p;", ".reg .b32 b, c, h, n, s, r;",
+             "mov.b32 r, 0;"]
+    for shift, src in ((0, "$1"), (4, "$2")):
+        lines += [
+            f"mov.b32 b, {src};", "and.b32 b, b, 0x7FFFFFFF;", "mov.b32 af, b;",
+            "fma.rn.f32 t, af, 0f40000000, 0f4B000000;", "mov.b32 s, t;",
+            "sub.u32 s, s, 0x4B000000;",
+            "bfe.u32 h, b, 22, 1;", "add.u32 n, b, 0x1FFFFF;", "add.u32 n, n, h;",
+            "shr.u32 n, n, 22;", "sub.u32 n, n, 252;", "min.u32 n, n, 7;",
+            "setp.lt.u32 p, b, 0x3F800000;", "selp.b32 c, s, n, p;",
+            f"mov.b32 s, {src};", "shr.u32 s, s, 28;", "and.b32 s, s, 8;",
+            "or.b32 c, c, s;", f"shl.b32 c, c, {shift};", "or.b32 r, r, c;",
+        ]
+    return "\n".join([*lines, "mov.b32 $0, r;", "}"])
 
 
-def _asm(result_type, operands, text: str, constraints: str):
-    return llvm.inline_asm(
-        result_type,
-        [o.ir_value() for o in operands],
-        text,
-        constraints,
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+E2M1_PAIR_PTX = _e2m1_pair_ptx()
 
 
 def mx_scale_byte(amax: Float32, k: int, fmax: int) -> Uint32:
@@ -52,34 +56,26 @@ def mx_scale_byte(amax: Float32, k: int, fmax: int) -> Uint32:
         f"setp.gt.u32 p, f, {fmax};\nsub.s32 e, e, {k};\n@p add.s32 e, e, 1;\n"
         "max.s32 e, e, 0;\nmin.s32 e, e, 254;\nmov.b32 $0, e;\n}"
     )
-    return Uint32(_asm(Uint32.mlir_type, [amax], text, "=r,f"))
+    return Uint32(pure_asm(Uint32.mlir_type, [amax], text, "=r,f"))
 
 
 def inverse_of_scale_byte(byte: Uint32) -> Float32:
     """2**(127 - byte) as fp32 (exponent field 254 - byte; byte <= 247 for finite inputs)."""
     text = "{\n.reg .b32 t;\nsub.u32 t, 254, $1;\nshl.b32 t, t, 23;\nmov.b32 $0, t;\n}"
-    return Float32(_asm(Float32.mlir_type, [byte], text, "=f,r"))
+    return Float32(pure_asm(Float32.mlir_type, [byte], text, "=f,r"))
 
 
 def zero_to_inf(value: Float32) -> Float32:
     text = "{\n.reg .pred p;\nsetp.eq.f32 p, $1, 0f00000000;\nselp.f32 $0, 0f7F800000, $1, p;\n}"
-    return Float32(_asm(Float32.mlir_type, [value], text, "=f,f"))
+    return Float32(pure_asm(Float32.mlir_type, [value], text, "=f,f"))
 
 
 def e2m1_pair(lo: Float32, hi: Float32, native: bool) -> Uint32:
     """Byte holding e2m1(lo) in bits 0-3 and e2m1(hi) in bits 4-7 (nearest even, saturating)."""
     if native:  # sm_100a: the first source operand goes to the upper nibble
         text = "{\n.reg .b8 t;\ncvt.rn.satfinite.e2m1x2.f32 t, $2, $1;\ncvt.u32.u8 $0, t;\n}"
-        return Uint32(_asm(Uint32.mlir_type, [lo, hi], text, "=r,f,f"))
-    lines = ["{", ".reg .f32 a;", ".reg .pred p;", ".reg .b32 c, s, r;", "mov.b32 r, 0;"]
-    for shift, src in ((0, "$1"), (4, "$2")):
-        lines += [f"abs.f32 a, {src};", "mov.b32 c, 0;"]
-        for op, threshold in _E2M1_STEPS:
-            lines += [f"setp.{op}.f32 p, a, {threshold};", "@p add.u32 c, c, 1;"]
-        lines += [f"mov.b32 s, {src};", "shr.u32 s, s, 28;", "and.b32 s, s, 8;",
-                  "or.b32 c, c, s;", f"shl.b32 c, c, {shift};", "or.b32 r, r, c;"]
-    lines += ["mov.b32 $0, r;", "}"]
-    return Uint32(_asm(Uint32.mlir_type, [lo, hi], "\n".join(lines), "=r,f,f"))
+        return Uint32(pure_asm(Uint32.mlir_type, [lo, hi], text, "=r,f,f"))
+    return Uint32(pure_asm(Uint32.mlir_type, [lo, hi], E2M1_PAIR_PTX, "=r,f,f"))
 
 
 def host_function(config, variant: Variant, arch: Arch):
@@ -136,9 +132,9 @@ def host_function(config, variant: Variant, arch: Arch):
                 tSrQ = cute.make_rmem_tensor((2,), mS.element_type)
                 tSrQ.store(tSrS.load().to(mS.element_type))
                 tSrS.store(tSrQ.load().to(Float32))
-                den = zero_to_inf(tSrS[0])
+                divisor, recip = quotient_factors(zero_to_inf(tSrS[0]))
                 for j in cutlass.range_constexpr(vec):
-                    tYrY[j, i] = (tYrY[j, i] * g) / den
+                    tYrY[j, i] = quotient(tYrY[j, i] * g, divisor, recip)
                 scale_value = tSrQ[0]
             else:
                 byte = mx_scale_byte(amax, *_MX[fmt])

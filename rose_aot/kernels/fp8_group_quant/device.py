@@ -11,7 +11,7 @@ from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
 from ..act_and_mul.device import activate, load_chunk, store_chunk
-from ..device_utils import pdl_prologue
+from ..device_utils import pdl_prologue, quotient, quotient_factors
 from ..spec import Variant
 from .family import FP8_MAX
 
@@ -112,8 +112,9 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
                 scale = ue8m0_scale(m)
             else:
                 scale = m / Float32(FP8_MAX)
+            divisor, recip = quotient_factors(scale)
             for j in cutlass.range_constexpr(vec):
-                tYrY[j, i] = tYrY[j, i] / scale
+                tYrY[j, i] = quotient(tYrY[j, i], divisor, recip)
             idx = first + i * row_threads
             if valid and idx < vectors and (tidx % lanes) == 0:
                 mS[row, idx // lanes] = scale

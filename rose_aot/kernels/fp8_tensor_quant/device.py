@@ -9,7 +9,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
-from ..device_utils import SharedMemory, grid_barrier, pdl_prologue
+from ..device_utils import SharedMemory, grid_barrier, pdl_prologue, quotient, quotient_factors
 from ..fp8_token_quant.device import segment_max
 from ..spec import Variant
 from .family import FP8_MAX
@@ -74,6 +74,7 @@ def host_function(config, variant: Variant, arch: Arch):
     def quantize(mX, mQ, scale, first, step):
         tXrX = cute.make_rmem_tensor((vec,), mX.element_type)
         tQrQ = cute.make_rmem_tensor((vec,), mQ.element_type)
+        divisor, recip = quotient_factors(scale)
         for u in cutlass.range(first, mX.shape[0] * V, step):
             row = u // V
             gX = cute.zipped_divide(mX[row, None], (vec,))
@@ -81,7 +82,7 @@ def host_function(config, variant: Variant, arch: Arch):
             tYrY = cute.make_rmem_tensor((vec,), Float32)
             tYrY.store(tXrX.load().to(Float32))
             for j in cutlass.range_constexpr(vec):
-                tYrY[j] = tYrY[j] / scale
+                tYrY[j] = quotient(tYrY[j], divisor, recip)
             tQrQ.store(tYrY.load().to(mQ.element_type))
             gQ = cute.zipped_divide(mQ[row, None], (vec,))
             cute.autovec_copy(tQrQ, gQ[(None, u % V)])

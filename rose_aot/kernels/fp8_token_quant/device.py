@@ -9,7 +9,7 @@ from cutlass import Float32, Int32
 
 from ...archs import Arch
 from ..act_and_mul.device import load_chunk, store_chunk
-from ..device_utils import SharedMemory, pdl_prologue
+from ..device_utils import SharedMemory, pdl_prologue, quotient, quotient_factors
 from ..fp8_group_quant.device import butterfly_max
 from ..spec import Variant
 from .family import FP8_MAX
@@ -74,9 +74,10 @@ def host_function(config, variant: Variant, arch: Arch):
                 amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j, i]))
         amax = segment_max(amax, sWarp, row_threads)
         scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
+        divisor, recip = quotient_factors(scale)
         for i in cutlass.range_constexpr(per_thread):
             for j in cutlass.range_constexpr(vec):
-                tYrY[j, i] = tYrY[j, i] / scale
+                tYrY[j, i] = quotient(tYrY[j, i], divisor, recip)
         if valid and first == 0:
             mS[row, 0] = scale
 

@@ -14,6 +14,8 @@ from ..device_utils import (
     cutlass_dtype,
     grid_barrier,
     pdl_prologue,
+    quotient,
+    quotient_factors,
 )
 from ..fp8_group_quant.device import butterfly_max, ue8m0_scale
 from ..fp8_group_quant.family import FP8_MAX
@@ -82,8 +84,9 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                         scale = ue8m0_scale(m)
                     else:
                         scale = m / Float32(FP8_MAX)
+                    divisor, recip = quotient_factors(scale)
                     for k in cutlass.range_constexpr(vec):
-                        tYrY[k] = tYrY[k] / scale
+                        tYrY[k] = quotient(tYrY[k], divisor, recip)
                     j = base + i * 32 + lane
                     if j < V and lane % lanes == 0:
                         mOutS[row, j // lanes] = scale

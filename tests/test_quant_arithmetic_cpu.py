@@ -1,0 +1,211 @@
+"""The inline PTX of the quantization kernels, run on the CPU by a small interpreter of the
+instructions it uses: the exact text the kernels are compiled with (DIVISOR_PTX, QUOTIENT_PTX,
+E2M1_PAIR_PTX), against float64 division and the e2m1 reference rounding.
+
+fp32 arithmetic is emulated exactly: a product of two fp32 values is exact in float64, and a sum
+is rounded to odd at 53 bits (TwoSum) before the one rounding to fp32, which equals rounding the
+exact sum to fp32 once (53 >= 24 + 2)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cutlass")  # the PTX lives in the device modules
+
+f32, f64, u32 = np.float32, np.float64, np.uint32
+
+
+def _rn32_sum(a, b):
+    s = a + b
+    bp = s - a
+    err = (a - (s - bp)) + (b - bp)
+    odd = (err != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
+    s = np.where(odd, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(f32)
+
+
+def _bits(v):
+    return np.asarray(v, dtype=f32).view(u32)
+
+
+def _float(bits):
+    return np.asarray(bits, dtype=u32).view(f32)
+
+
+def run_ptx(text: str, *inputs):
+    """Run one inline-PTX block on numpy uint32 arrays ($1, $2, ... = inputs); returns $0."""
+    regs = {f"${i + 1}": np.asarray(v, dtype=u32) for i, v in enumerate(inputs)}
+    n = len(regs["$1"])
+
+    def val(tok):
+        if tok in regs:
+            return regs[tok]
+        if tok.startswith("0f"):
+            return np.full(n, int(tok[2:], 16), dtype=u32)
+        return np.full(n, int(tok, 0) & 0xFFFFFFFF, dtype=u32)
+
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if line in ("{", "}") or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        d, *src = [t.strip() for t in rest.split(",")]
+        a = [val(t) for t in src]
+        with np.errstate(all="ignore"):
+            if op == "mov.b32":
+                r = a[0]
+            elif op == "and.b32":
+                r = a[0] & a[1]
+            elif op == "or.b32":
+                r = a[0] | a[1]
+            elif op == "shl.b32":
+                r = a[0] << a[1]
+            elif op == "shr.u32":
+                r = a[0] >> a[1]
+            elif op == "add.u32":
+                r = a[0] + a[1]
+            elif op == "sub.u32":
+                r = a[0] - a[1]
+            elif op == "min.u32":
+                r = np.minimum(a[0], a[1])
+            elif op == "bfe.u32":
+                r = (a[0] >> a[1]) & ((u32(1) << a[2]) - u32(1))
+            elif op == "neg.f32":
+                r = a[0] ^ u32(0x80000000)
+            elif op == "mul.rn.f32":
+                r = _bits((_float(a[0]).astype(f64) * _float(a[1]).astype(f64)).astype(f32))
+            elif op == "fma.rn.f32":
+                p = _float(a[0]).astype(f64) * _float(a[1]).astype(f64)
+                r = _bits(_rn32_sum(p, _float(a[2]).astype(f64)))
+            elif op in ("setp.lt.u32", "setp.eq.f32"):
+                r = a[0] < a[1] if op == "setp.lt.u32" else _float(a[0]) == _float(a[1])
+            elif op in ("selp.b32", "selp.f32"):
+                r = np.where(a[2].astype(bool), a[0], a[1]).astype(u32)
+            else:
+                raise AssertionError(f"the interpreter does not know {op!r}: extend it")
+        regs[d] = r.astype(u32)
+    return regs["$0"]
+
+
+def _kernel_quotient(x, scale):
+    """What the kernels compute for fp32(x / scale): quotient_factors then quotient."""
+    from rose_aot.kernels.device_utils import DIVISOR_PTX, QUOTIENT_PTX
+
+    with np.errstate(all="ignore"):
+        recip = (f32(1.0) / scale).astype(f32)  # div.rn.f32
+    divisor = run_ptx(DIVISOR_PTX, _bits(scale))
+    return _float(run_ptx(QUOTIENT_PTX, _bits(x), divisor, _bits(recip)))
+
+
+def _e4m3(v):
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(v, dtype=f32)).clamp(-448.0, 448.0)
+    return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+
+def _assert_same_e4m3(x, scale):
+    """The kernel's quotient and fp32(float64 x / scale) give the same e4m3 byte, and the same
+    fp32 bits wherever the residual cannot underflow (|x| >= 2^-100)."""
+    got = _kernel_quotient(x, scale)
+    with np.errstate(all="ignore"):
+        want = (x.astype(f64) / scale.astype(f64)).astype(f32)
+    g8, w8 = _e4m3(got), _e4m3(want)
+    both_nan = ((g8 & 0x7F) == 0x7F) & ((w8 & 0x7F) == 0x7F)
+    bad = (g8 != w8) & ~both_nan
+    assert not bad.any(), (
+        f"{int(bad.sum())} e4m3 codes differ; first x={x[bad][0]!r} scale={scale[bad][0]!r}: "
+        f"got {got[bad][0]!r} want {want[bad][0]!r}")
+    big = (np.abs(x) >= 2.0**-100) & np.isfinite(want)
+    off = big & (_bits(got) != _bits(want))
+    assert not off.any(), (
+        f"{int(off.sum())} quotients not correctly rounded; first x={x[off][0]!r} "
+        f"scale={scale[off][0]!r}: got {got[off][0]!r} want {want[off][0]!r}")
+
+
+def _every_finite(dtype):
+    raw = np.arange(65536, dtype=np.uint32)
+    if dtype == "bfloat16":
+        v = (raw << 16).view(f32)
+    else:
+        v = raw.astype(np.uint16).view(np.float16).astype(f32)
+    return v[np.isfinite(v)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_quotient_is_exact_for_every_input_value(dtype):
+    """Every finite bf16/fp16 x against scales at every third power of two the kernels can have
+    (max(absmax, eps) / 448 with eps >= 1e-20, up to fp32's largest absmax), only where x could
+    be in the scale's group (|x| <= 448 * scale)."""
+    rng = np.random.default_rng(0)
+    xs = _every_finite(dtype)
+    for e in range(-76, 120, 3):
+        for scale in (rng.uniform(1, 2, 2) * 2.0**e).astype(f32):
+            x = xs[np.abs(xs.astype(f64)) <= 448.0 * float(scale)]
+            _assert_same_e4m3(x, np.full(x.shape, scale, dtype=f32))
+
+
+def test_quotient_is_exact_near_every_e4m3_midpoint():
+    """Full-precision fp32 x (the fused activation's products) placed within a few fp32 ulps of
+    e4m3 midpoints, where one ulp of error would flip the code."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    mids = ((codes[:-1].astype(f64) + codes[1:]) / 2)
+    n = 400_000
+    scale = (rng.uniform(1, 2, n) * 2.0 ** rng.integers(-70, 100, n)).astype(f32)
+    q = mids[rng.integers(0, len(mids), n)].astype(f32)
+    q = _float(_bits(q) + rng.integers(-3, 4, n).astype(u32))
+    x = (q.astype(f64) * scale).astype(f32) * np.where(rng.random(n) < 0.5, f32(-1), f32(1))
+    _assert_same_e4m3(x, scale)
+
+
+def test_quotient_signs_zeros_and_the_infinite_scale():
+    """x / +inf: finite x -> +-0 with x's sign, +-inf -> NaN; +-0 / scale keeps the sign."""
+    x = np.array([1.5, -1.5, 0.0, -0.0, np.inf, -np.inf, 3e38, -1e-40], dtype=f32)
+    got = _kernel_quotient(x, np.full(x.shape, np.inf, dtype=f32))
+    assert _bits(got[:4]).tolist() == [0, 0x80000000, 0, 0x80000000]
+    assert np.isnan(got[4:6]).all() and _bits(got[6:]).tolist() == [0, 0x80000000]
+    z = np.array([0.0, -0.0], dtype=f32)
+    assert _bits(_kernel_quotient(z, np.array([3.0, 3.0], dtype=f32))).tolist() == [0, 0x80000000]
+
+
+def test_e2m1_pair_matches_the_reference_rounding():
+    """Every rounding threshold and its neighbours, saturation, +-inf, signed zeros, subnormals,
+    a sweep of the fp32 bit patterns and 2M random values: the sm_90a PTX gives the reference's
+    codes, packed low nibble first."""
+    import torch
+
+    from rose_aot.kernels.block_scaled_quant.device import E2M1_PAIR_PTX
+    from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
+
+    rng = np.random.default_rng(2)
+    marks = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8,
+                      1e-40, 100, 3e38], dtype=f32)
+    near = (_bits(marks)[:, None] + np.arange(-64, 65).astype(u32)[None, :]).ravel()
+    sweep = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(u32)
+    v = np.concatenate([_float(near), -_float(near), _float(sweep),
+                        rng.uniform(-8, 8, 2_000_000).astype(f32),
+                        np.array([np.inf, -np.inf, 0.0, -0.0], dtype=f32)])
+    v = v[~np.isnan(v)]
+    v = v[: len(v) // 2 * 2]
+    want = e2m1_codes(torch.from_numpy(v)).numpy().astype(u32)
+    got = run_ptx(E2M1_PAIR_PTX, _bits(v[0::2]), _bits(v[1::2]))
+    got = np.stack([got & 0xF, got >> 4], axis=1).ravel()
+    bad = got != want
+    assert not bad.any(), (
+        f"{int(bad.sum())} codes differ; first {v[bad][0]!r}: got {got[bad][0]} want {want[bad][0]}")
+
+
+def test_the_interpreter_knows_every_instruction_of_the_ptx():
+    """A new instruction in the kernels' PTX must be taught to run_ptx (else it raises)."""
+    from rose_aot.kernels.block_scaled_quant.device import E2M1_PAIR_PTX
+    from rose_aot.kernels.device_utils import DIVISOR_PTX, QUOTIENT_PTX
+
+    for text in (DIVISOR_PTX, QUOTIENT_PTX, E2M1_PAIR_PTX):
+        inputs = max(int(i) for i in re.findall(r"\$(\d+)", text))
+        run_ptx(text, *[np.ones(2, dtype=u32)] * inputs)
