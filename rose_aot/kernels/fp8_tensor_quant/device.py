@@ -40,19 +40,20 @@ def host_function(config, variant: Variant, arch: Arch):
     smem_bytes = variant.smem
     cooperative = variant.cooperative
     pdl = variant.pdl
+    UNROLL = variant.constants["unroll"]
 
     @cute.jit
     def block_absmax(mX, first, step):
         """The block's max |x| over vectors first, first + step, ... (every thread gets it)."""
         alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
         sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
-        tXrX = cute.make_rmem_tensor((vec,), mX.element_type)
+        tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
         amax = Float32(0.0)
-        for u in cutlass.range(first, mX.shape[0] * V, step):
-            gX = cute.zipped_divide(mX[u // V, None], (vec,))
-            cute.autovec_copy(gX[(None, u % V)], tXrX)
+        total = mX.shape[0] * V
+        for base in cutlass.range(first, total, step * UNROLL):
+            load_vectors(mX, tXrX, base, step, total, False)
             tYrY = tXrX.load().to(Float32)
-            for j in cutlass.range_constexpr(vec):
+            for j in cutlass.range_constexpr(vec * UNROLL):
                 amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j]))
         return segment_max(amax, sWarp, threads)
 
@@ -71,21 +72,40 @@ def host_function(config, variant: Variant, arch: Arch):
             mScale[0] = cute.arch.fmax(total, Float32(eps)) / Float32(FP8_MAX)
 
     @cute.jit
-    def quantize(mX, mQ, scale, first, step):
-        tXrX = cute.make_rmem_tensor((vec,), mX.element_type)
-        tQrQ = cute.make_rmem_tensor((vec,), mQ.element_type)
+    def load_vectors(mX, tXrX, base, step, total, reverse: cutlass.Constexpr):
+        """tXrX[:, k] = vector base + k * step (of the last-first order if `reverse`); vectors
+        past the end read as 0. All UNROLL loads are issued before any is used: one 16-byte
+        load in flight per thread left the grid-stride loops at about half the bandwidth."""
+        for k in cutlass.range_constexpr(UNROLL):
+            u = base + k * step
+            if u < total:
+                if const_expr(reverse):
+                    u = total - 1 - u
+                gX = cute.zipped_divide(mX[u // V, None], (vec,))
+                cute.autovec_copy(gX[(None, u % V)], tXrX[None, k])
+            else:
+                tXrX[None, k].fill(0)
+
+    @cute.jit
+    def quantize(mX, mQ, scale, first, step, reverse: cutlass.Constexpr):
+        tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
+        tQrQ = cute.make_rmem_tensor((vec, UNROLL), mQ.element_type)
         divisor, recip = quotient_factors(scale)
-        for u in cutlass.range(first, mX.shape[0] * V, step):
-            row = u // V
-            gX = cute.zipped_divide(mX[row, None], (vec,))
-            cute.autovec_copy(gX[(None, u % V)], tXrX)
-            tYrY = cute.make_rmem_tensor((vec,), Float32)
+        total = mX.shape[0] * V
+        for base in cutlass.range(first, total, step * UNROLL):
+            load_vectors(mX, tXrX, base, step, total, reverse)
+            tYrY = cute.make_rmem_tensor((vec, UNROLL), Float32)
             tYrY.store(tXrX.load().to(Float32))
-            for j in cutlass.range_constexpr(vec):
+            for j in cutlass.range_constexpr(vec * UNROLL):
                 tYrY[j] = quotient(tYrY[j], divisor, recip)
             tQrQ.store(tYrY.load().to(mQ.element_type))
-            gQ = cute.zipped_divide(mQ[row, None], (vec,))
-            cute.autovec_copy(tQrQ, gQ[(None, u % V)])
+            for k in cutlass.range_constexpr(UNROLL):
+                u = base + k * step
+                if u < total:
+                    if const_expr(reverse):
+                        u = total - 1 - u
+                    gQ = cute.zipped_divide(mQ[u // V, None], (vec,))
+                    cute.autovec_copy(tQrQ[None, k], gQ[(None, u % V)])
 
     @cute.kernel
     def fp8_tensor_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor,
@@ -103,7 +123,7 @@ def host_function(config, variant: Variant, arch: Arch):
             scale = cute.arch.fmax(block_absmax(mX, tidx, threads), Float32(eps)) / Float32(FP8_MAX)
             if tidx == 0:
                 mScale[0] = scale
-            quantize(mX, mQ, scale, tidx, threads)
+            quantize(mX, mQ, scale, tidx, threads, False)
         else:
             if const_expr(phase != "quant"):
                 amax = block_absmax(mX, first, step)
@@ -112,7 +132,9 @@ def host_function(config, variant: Variant, arch: Arch):
             if const_expr(phase == "decode"):
                 grid_barrier(mWords.iterator)
             if const_expr(phase != "absmax"):
-                quantize(mX, mQ, mScale[0], first, step)
+                # The prefill quant pass walks last-first: the absmax pass just read the tensor
+                # first-last, so its tail is still in L2.
+                quantize(mX, mQ, mScale[0], first, step, phase == "quant")
 
     @cute.jit
     def launch(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor, mWords: cute.Tensor,
