@@ -116,7 +116,13 @@ def check(c, host, got, expect, where, exact_rows=False):
     used[rows_used] = True
     pad = (~used[:total]).nonzero().view(-1)
     if pad.numel():  # quantized zero rows: codes 0, the all-zero group's scale
-        assert (_bits(out[pad]) == 0).all(), f"{where}: padding codes not zero"
+        codes = _bits(out[pad])
+        if (codes != 0).any():
+            r, col = (int(v) for v in (codes != 0).nonzero()[0])
+            raise AssertionError(
+                f"{where}: padding codes not zero: row {int(pad[r])} column {col} is "
+                f"{int(codes[r, col]) & 0xFF:#04x}; codes seen {sorted(set(codes.view(-1).tolist()))[:8]}"
+            )
         from rose_aot.kernels.fp8_group_quant.reference import quantize_groups
 
         _, zero = quantize_groups(torch.zeros(1, c.hidden, dtype=torch.float64), c.group, c.eps,

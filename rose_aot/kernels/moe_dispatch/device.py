@@ -62,11 +62,15 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     search_steps = (E - 1).bit_length()  # binary search over E experts
 
     @cute.jit
-    def emit(tXrX, mOut, mOutS, row, base, n: cutlass.Constexpr, static_base: cutlass.Constexpr):
+    def emit(tXrX, mOut, mOutS, row, base, n: cutlass.Constexpr, static_base: cutlass.Constexpr,
+             zero: cutlass.Constexpr = False):
         """Store vectors base + i*32 + lane (i < n) of a token row into row `row` of out; with
         quantization, each vector's group scale (fp8_group_quant's rule, bit for bit) goes to
         out_scales. The whole warp calls it (group maxima are warp shuffles). `static_base`:
-        base is that compile-time value (vectors past the row are then skipped statically)."""
+        base is that compile-time value (vectors past the row are then skipped statically).
+        `zero`: tXrX is all +0 (padding rows): the codes are the constant +0, not quotients.
+        (Quotients of constant zeros, identical in every lane, were packed by ptxas with the
+        upper half of a stale register on the H200: nonzero codes in padding rows.)"""
         lane = cute.arch.thread_idx()[0] % 32
         gO = cute.zipped_divide(mOut[row, None], (vec,))
         if const_expr(quant):
@@ -84,9 +88,10 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                         scale = ue8m0_scale(m)
                     else:
                         scale = m / Float32(FP8_MAX)
-                    divisor, recip = quotient_factors(scale)
-                    for k in cutlass.range_constexpr(vec):
-                        tYrY[k] = quotient(tYrY[k], divisor, recip)
+                    if const_expr(not zero):
+                        divisor, recip = quotient_factors(scale)
+                        for k in cutlass.range_constexpr(vec):
+                            tYrY[k] = quotient(tYrY[k], divisor, recip)
                     j = base + i * 32 + lane
                     if j < V and lane % lanes == 0:
                         mOutS[row, j // lanes] = scale
@@ -209,7 +214,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                         # a zero row quantized: codes 0, every scale that of an all-zero group
                         for c in cutlass.range_constexpr(-(-V // (32 * COPY_CHUNK))):
                             emit(tXrX, mOut, mOutS, row, c * COPY_CHUNK * 32, COPY_CHUNK,
-                                 c * COPY_CHUNK * 32)
+                                 c * COPY_CHUNK * 32, True)
                     else:
                         gO = cute.zipped_divide(mOut[row, None], (vec,))
                         for j in cutlass.range(lane, V, 32):
@@ -436,7 +441,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                         else:
                             hi = mid
                 row = sOffset[lo] + sCount[lo] + q - sPad[lo]
-                emit(tZ, mOut, mOutS, row, s * (32 * U), U, -1)
+                emit(tZ, mOut, mOutS, row, s * (32 * U), U, -1, True)
                 if const_expr(G > 0):
                     if s == 0:
                         for g in cutlass.range(lane, G, 32):
