@@ -333,7 +333,8 @@ def test_compiles_with_expected_ptx(family, values, arch):
         if quantizes:  # device_utils.quotient: a reciprocal per scale, fma per element
             assert "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
             divisions = ptx.count("div.rn.f32") + ptx.count("rcp.rn.f32")
-            assert divisions <= 2, f"{name}: {divisions} divisions, one per element?"
+            paths = 2 if name == "single" else 1  # single: the in-register path and the loop
+            assert divisions <= 2 * paths, f"{name}: {divisions} divisions, one per element?"
         if family == TOKEN:
             assert ("griddepcontrol.wait" in ptx) == (name == "decode") == (v.pdl > 0)
             assert ptx.count("shfl.sync.bfly.b32") == 5  # one warp butterfly per row

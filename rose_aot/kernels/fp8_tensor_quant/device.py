@@ -43,18 +43,22 @@ def host_function(config, variant: Variant, arch: Arch):
     UNROLL = variant.constants["unroll"]
 
     @cute.jit
-    def block_absmax(mX, first, step):
+    def absmax_of(tXrX) -> Float32:
+        tYrY = tXrX.load().to(Float32)
+        amax = Float32(0.0)
+        for j in cutlass.range_constexpr(vec * UNROLL):
+            amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j]))
+        return amax
+
+    @cute.jit
+    def block_absmax(mX, sWarp, first, step):
         """The block's max |x| over vectors first, first + step, ... (every thread gets it)."""
-        alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
-        sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
         tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
         amax = Float32(0.0)
         total = mX.shape[0] * V
         for base in cutlass.range(first, total, step * UNROLL):
             load_vectors(mX, tXrX, base, step, total, False)
-            tYrY = tXrX.load().to(Float32)
-            for j in cutlass.range_constexpr(vec * UNROLL):
-                amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j]))
+            amax = cute.arch.fmax(amax, absmax_of(tXrX))
         return segment_max(amax, sWarp, threads)
 
     @cute.jit
@@ -87,25 +91,31 @@ def host_function(config, variant: Variant, arch: Arch):
                 tXrX[None, k].fill(0)
 
     @cute.jit
+    def store_quantized(tXrX, mQ, divisor, recip, base, step, total,
+                        reverse: cutlass.Constexpr):
+        """Quantize the vectors that load_vectors(..., base, step, total, reverse) loaded."""
+        tYrY = cute.make_rmem_tensor((vec, UNROLL), Float32)
+        tYrY.store(tXrX.load().to(Float32))
+        for j in cutlass.range_constexpr(vec * UNROLL):
+            tYrY[j] = quotient(tYrY[j], divisor, recip)
+        tQrQ = cute.make_rmem_tensor((vec, UNROLL), mQ.element_type)
+        tQrQ.store(tYrY.load().to(mQ.element_type))
+        for k in cutlass.range_constexpr(UNROLL):
+            u = base + k * step
+            if u < total:
+                if const_expr(reverse):
+                    u = total - 1 - u
+                gQ = cute.zipped_divide(mQ[u // V, None], (vec,))
+                cute.autovec_copy(tQrQ[None, k], gQ[(None, u % V)])
+
+    @cute.jit
     def quantize(mX, mQ, scale, first, step, reverse: cutlass.Constexpr):
         tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
-        tQrQ = cute.make_rmem_tensor((vec, UNROLL), mQ.element_type)
         divisor, recip = quotient_factors(scale)
         total = mX.shape[0] * V
         for base in cutlass.range(first, total, step * UNROLL):
             load_vectors(mX, tXrX, base, step, total, reverse)
-            tYrY = cute.make_rmem_tensor((vec, UNROLL), Float32)
-            tYrY.store(tXrX.load().to(Float32))
-            for j in cutlass.range_constexpr(vec * UNROLL):
-                tYrY[j] = quotient(tYrY[j], divisor, recip)
-            tQrQ.store(tYrY.load().to(mQ.element_type))
-            for k in cutlass.range_constexpr(UNROLL):
-                u = base + k * step
-                if u < total:
-                    if const_expr(reverse):
-                        u = total - 1 - u
-                    gQ = cute.zipped_divide(mQ[u // V, None], (vec,))
-                    cute.autovec_copy(tQrQ[None, k], gQ[(None, u % V)])
+            store_quantized(tXrX, mQ, divisor, recip, base, step, total, reverse)
 
     @cute.kernel
     def fp8_tensor_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor,
@@ -120,13 +130,31 @@ def host_function(config, variant: Variant, arch: Arch):
         if const_expr(phase == "single"):
             # One block holds the whole tensor: every thread has the absmax after the block
             # reduction, so the scale stays in registers (no atomics, no barrier, no workspace).
-            scale = cute.arch.fmax(block_absmax(mX, tidx, threads), Float32(eps)) / Float32(FP8_MAX)
-            if tidx == 0:
-                mScale[0] = scale
-            quantize(mX, mQ, scale, tidx, threads, False)
+            # The plan's sizes (at most UNROLL vectors per thread) stay in registers from the
+            # load to the store; a forced launch on a larger tensor loops and reads it twice.
+            alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
+            sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
+            total = mX.shape[0] * V
+            if total <= threads * UNROLL:
+                tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
+                load_vectors(mX, tXrX, tidx, threads, total, False)
+                amax = segment_max(absmax_of(tXrX), sWarp, threads)
+                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
+                if tidx == 0:
+                    mScale[0] = scale
+                divisor, recip = quotient_factors(scale)
+                store_quantized(tXrX, mQ, divisor, recip, tidx, threads, total, False)
+            else:
+                amax = block_absmax(mX, sWarp, tidx, threads)
+                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
+                if tidx == 0:
+                    mScale[0] = scale
+                quantize(mX, mQ, scale, tidx, threads, False)
         else:
             if const_expr(phase != "quant"):
-                amax = block_absmax(mX, first, step)
+                alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
+                sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
+                amax = block_absmax(mX, sWarp, first, step)
                 if tidx == 0:
                     publish_scale(amax, mScale, mWords)
             if const_expr(phase == "decode"):
