@@ -253,7 +253,11 @@ def test_compiles_with_expected_ptx(values, arch):
         if c.format == "mxfp8":
             assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
         elif arch == "sm_90a":
-            assert "fma.rn.f32 t, af, 0f40000000, 0f4B000000;" in ptx  # E2M1_PAIR_PTX
+            # MXFP4 from bf16: two elements per instruction (MX_E2M1_BF16X2_PTX); NVFP4's
+            # quotients are fp32: E2M1_PAIR_PTX
+            packed = c.format == "mxfp4" and c.dtype == "bfloat16"
+            assert ("fma.rn.bf16x2" in ptx) == packed
+            assert ("fma.rn.f32 t, af, 0f40000000, 0f4B000000;" in ptx) == (not packed)
         if c.format == "nvfp4":
             assert "fma.rn.f32" in ptx and ("rcp.rn.f32" in ptx or "div.rn.f32" in ptx)
         lanes = v.constants["group_lanes"]

@@ -27,6 +27,38 @@ def _rn32_sum(a, b):
     return s.astype(f32)
 
 
+def _round_to_odd_f32(s, err):
+    """fp32 of s + err (s = the float64 sum rounded to odd, err its exact error) rounded to
+    odd at 24 bits: enough for a later round to nearest at bf16's 8."""
+    r = s.astype(f32)
+    inexact = (r.astype(f64) != s) | (err != 0)
+    even = (r.view(u32) & 1) == 0
+    toward = np.where(s + err > r.astype(f64), np.inf, -np.inf).astype(f32)
+    return np.where(inexact & even & np.isfinite(r), np.nextafter(r, toward), r).astype(f32)
+
+
+def _bf16_round(a, b):
+    """bf16 bits (uint32, low 16) of a + b rounded to nearest even, a and b float64."""
+    s = a + b
+    bp = s - a
+    err = (a - (s - bp)) + (b - bp)
+    bits = _round_to_odd_f32(s, err).view(u32).astype(np.uint64)
+    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(u32)
+    nan = np.isnan(s)
+    return np.where(nan, u32(0x7FC0), out & u32(0xFFFF))
+
+
+def _lanes(w):
+    """The two bf16 lanes of uint32 words as float64 (lo, hi)."""
+    lo = ((w & u32(0xFFFF)) << u32(16)).view(f32).astype(f64)
+    hi = (w & u32(0xFFFF0000)).view(f32).astype(f64)
+    return lo, hi
+
+
+def _pack(lo_bits, hi_bits):
+    return (lo_bits & u32(0xFFFF)) | (hi_bits << u32(16))
+
+
 def _bits(v):
     return np.asarray(v, dtype=f32).view(u32)
 
@@ -63,7 +95,7 @@ def run_ptx(text: str, *inputs):
                 r = a[0] | a[1]
             elif op == "shl.b32":
                 r = a[0] << a[1]
-            elif op == "shr.u32":
+            elif op in ("shr.u32", "shr.b32"):
                 r = a[0] >> a[1]
             elif op == "add.u32":
                 r = a[0] + a[1]
@@ -80,6 +112,15 @@ def run_ptx(text: str, *inputs):
             elif op == "fma.rn.f32":
                 p = _float(a[0]).astype(f64) * _float(a[1]).astype(f64)
                 r = _bits(_rn32_sum(p, _float(a[2]).astype(f64)))
+            elif op == "max.f32":
+                r = _bits(np.fmax(_float(a[0]), _float(a[1])))
+            elif op in ("min.bf16x2", "max.bf16x2"):
+                pick = np.fmin if op == "min.bf16x2" else np.fmax
+                (x0, x1), (y0, y1) = _lanes(a[0]), _lanes(a[1])
+                r = _pack(_bits(pick(x0, y0).astype(f32)) >> 16, _bits(pick(x1, y1).astype(f32)) >> 16)
+            elif op == "fma.rn.bf16x2":
+                (x0, x1), (y0, y1), (z0, z1) = _lanes(a[0]), _lanes(a[1]), _lanes(a[2])
+                r = _pack(_bf16_round(x0 * y0, z0), _bf16_round(x1 * y1, z1))
             elif op in ("setp.lt.u32", "setp.eq.f32"):
                 r = a[0] < a[1] if op == "setp.lt.u32" else _float(a[0]) == _float(a[1])
             elif op in ("selp.b32", "selp.f32"):
@@ -201,11 +242,62 @@ def test_e2m1_pair_matches_the_reference_rounding():
         f"{int(bad.sum())} codes differ; first {v[bad][0]!r}: got {got[bad][0]} want {want[bad][0]}")
 
 
+def _bf16_values():
+    raw = np.arange(65536, dtype=u32)
+    v = (raw << u32(16)).view(f32)
+    return raw[np.isfinite(v)]
+
+
+def test_packed_mxfp4_codes_match_the_reference_for_every_bf16_value():
+    """MX_E2M1_BF16X2_PTX: every finite bf16 x, paired with a shuffled partner, times every
+    power-of-two MX scale that puts some x in e2m1's range, gives the reference's codes
+    e2m1(x * s) (exact product), low nibble the low lane."""
+    import torch
+
+    from rose_aot.kernels.block_scaled_quant.device import MX_E2M1_BF16X2_PTX
+    from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
+
+    rng = np.random.default_rng(3)
+    lo = _bf16_values()
+    hi = rng.permutation(lo)
+    words = lo | (hi << u32(16))
+    xs_lo, xs_hi = _lanes(words)
+    for e in list(range(-130, 131, 7)) + [-1, 0, 1, 2, 3]:
+        if not -126 <= e <= 127:
+            continue
+        s = np.float64(2.0) ** e
+        s_bits = u32(_bits(np.float32(s)) >> 16)
+        got = run_ptx(MX_E2M1_BF16X2_PTX, words, np.full(words.shape, s_bits | (s_bits << 16), u32))
+        for lane, xs, shift in ((0, xs_lo, 0), (1, xs_hi, 4)):
+            want = e2m1_codes(torch.from_numpy(xs * s)).numpy().astype(u32)
+            have = (got >> u32(shift)) & u32(0xF)
+            bad = have != want
+            assert not bad.any(), (
+                f"scale 2^{e}, lane {lane}: {int(bad.sum())} codes differ; first x={xs[bad][0]!r}: "
+                f"got {have[bad][0]} want {want[bad][0]}")
+
+
+def test_packed_absmax_is_the_largest_magnitude():
+    from rose_aot.kernels.block_scaled_quant.device import (ABSMAX_BF16X2_STEP_PTX,
+                                                             BF16X2_LARGER_LANE_PTX)
+
+    rng = np.random.default_rng(4)
+    vals = _bf16_values()
+    words = rng.choice(vals, (4, 200_000)) | (rng.choice(vals, (4, 200_000)) << u32(16))
+    m = np.zeros(words.shape[1], dtype=u32)
+    for w in words:
+        m = run_ptx(ABSMAX_BF16X2_STEP_PTX, m, w)
+    got = _float(run_ptx(BF16X2_LARGER_LANE_PTX, m))
+    lanes = np.concatenate([np.stack(_lanes(w)) for w in words])
+    assert np.array_equal(got.astype(f64), np.abs(lanes).max(axis=0))
+
+
 def test_the_interpreter_knows_every_instruction_of_the_ptx():
     """A new instruction in the kernels' PTX must be taught to run_ptx (else it raises)."""
-    from rose_aot.kernels.block_scaled_quant.device import E2M1_PAIR_PTX
+    from rose_aot.kernels.block_scaled_quant import device
     from rose_aot.kernels.device_utils import DIVISOR_PTX, QUOTIENT_PTX
 
-    for text in (DIVISOR_PTX, QUOTIENT_PTX, E2M1_PAIR_PTX):
+    for text in (DIVISOR_PTX, QUOTIENT_PTX, device.E2M1_PAIR_PTX, device.MX_E2M1_BF16X2_PTX,
+                 device.ABSMAX_BF16X2_STEP_PTX, device.BF16X2_LARGER_LANE_PTX):
         inputs = max(int(i) for i in re.findall(r"\$(\d+)", text))
         run_ptx(text, *[np.ones(2, dtype=u32)] * inputs)
