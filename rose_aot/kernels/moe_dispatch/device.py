@@ -68,9 +68,10 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         quantization, each vector's group scale (fp8_group_quant's rule, bit for bit) goes to
         out_scales. The whole warp calls it (group maxima are warp shuffles). `static_base`:
         base is that compile-time value (vectors past the row are then skipped statically).
-        `zero`: tXrX is all +0 (padding rows): the codes are the constant +0, not quotients.
-        (Quotients of constant zeros, identical in every lane, were packed by ptxas with the
-        upper half of a stale register on the H200: nonzero codes in padding rows.)"""
+        `zero`: tXrX is all +0 (padding rows): the codes are stored as zero bytes, never
+        converted. (A compile-time zero converted with cvt.rn.satfinite.e4m3x2 and duplicated
+        into a 32-bit word, {%rs, %rs}, was packed by ptxas with a stale register's upper half:
+        the H200 wrote nonzero codes into padding rows.)"""
         lane = cute.arch.thread_idx()[0] % 32
         gO = cute.zipped_divide(mOut[row, None], (vec,))
         if const_expr(quant):
@@ -88,19 +89,26 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                         scale = ue8m0_scale(m)
                     else:
                         scale = m / Float32(FP8_MAX)
+                    j = base + i * 32 + lane
+                    if j < V and lane % lanes == 0:
+                        mOutS[row, j // lanes] = scale
                     if const_expr(not zero):
                         divisor, recip = quotient_factors(scale)
                         for k in cutlass.range_constexpr(vec):
                             tYrY[k] = quotient(tYrY[k], divisor, recip)
-                    j = base + i * 32 + lane
-                    if j < V and lane % lanes == 0:
-                        mOutS[row, j // lanes] = scale
-                    tQrQ[None, i].store(tYrY.load().to(cutlass.Float8E4M3FN))
+                        tQrQ[None, i].store(tYrY.load().to(cutlass.Float8E4M3FN))
+            if const_expr(zero):
+                tZero = cute.make_rmem_tensor((vec,), cutlass.Uint8)
+                tZero.fill(0)
+                gO = cute.zipped_divide(cute.recast_tensor(mOut, cutlass.Uint8)[row, None], (vec,))
             for i in cutlass.range_constexpr(n):
                 if const_expr(static_base < 0 or static_base + i * 32 < V):
                     j = base + i * 32 + lane
                     if j < V:
-                        cute.autovec_copy(tQrQ[None, i], gO[(None, j)])
+                        if const_expr(zero):
+                            cute.autovec_copy(tZero, gO[(None, j)])
+                        else:
+                            cute.autovec_copy(tQrQ[None, i], gO[(None, j)])
         else:
             for i in cutlass.range_constexpr(n):
                 j = base + i * 32 + lane
