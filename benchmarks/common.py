@@ -138,3 +138,40 @@ def plot_families(rows: list[dict], out: str, suffix: str = "") -> list[str]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def summary_table(rows: list[dict], copy_tbs: float) -> str:
+    """The README's compact table of benchmark rows: per (family, shape), the plan's µs at each
+    token count with its speed-up over torch.compile in brackets (where it ran), then the share
+    of the copy bandwidth at 8192 and 32768 tokens (where measured)."""
+    tokens = sorted({r["tokens"] for r in rows})
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        groups.setdefault((r["family"], r["shape"]), {})[r["tokens"]] = r
+    head = "| kernel | shape | " + " | ".join(f"{t} tok µs" for t in tokens)
+    big = [t for t in (8192, 32768) if t in tokens]
+    if big:
+        head += " | % copy at " + " / ".join(str(t) for t in big)
+    head += " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for (family, shape), by_tokens in sorted(groups.items(),
+                                             key=lambda kv: (kv[0][0], shape_order(kv[0][1]))):
+        cells = []
+        for t in tokens:
+            r = by_tokens.get(t)
+            if r is None:
+                cells.append("-")
+                continue
+            ours = r["us"]["rose_aot"]
+            peer = r["us"].get("torch_compile")
+            cells.append(f"{ours:.2f}" + (f" ({peer / ours:.2f}x)" if peer else ""))
+        line = f"| {family} | {shape} | " + " | ".join(cells)
+        if big:
+            shares = []
+            for t in big:
+                r = by_tokens.get(t)
+                shares.append("-" if r is None else
+                              f"{100 * r['bytes'] / (r['us']['rose_aot'] * 1e-6) / 1e12 / copy_tbs:.0f}%")
+            line += " | " + " / ".join(shares)
+        lines.append(line + " |")
+    return "\n".join(lines)

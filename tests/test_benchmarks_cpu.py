@@ -62,3 +62,20 @@ def test_plot_families_without_matplotlib_writes_nothing(tmp_path, monkeypatch, 
     assert common.plot_families(rows, str(tmp_path)) == []
     assert list(tmp_path.iterdir()) == []
     assert "matplotlib not installed" in capsys.readouterr().out
+
+
+def test_summary_table_of_committed_results():
+    """The README's compact table from a committed run: one row per shape, every column of the
+    header filled, the plan's µs and torch.compile speed-up as the JSON has them."""
+    path = os.path.join(ROOT, "benchmarks", "results", "act_quant-fp8_token_quant-h200.json")
+    with open(path) as f:
+        data = json.load(f)
+    table = common.summary_table(data["rows"], data["copy_tbs"]).splitlines()
+    shapes = {r["shape"] for r in data["rows"]}
+    assert len(table) == 2 + len(shapes)
+    widths = {line.count("|") for line in table}
+    assert len(widths) == 1, table[:2]
+    first = min((r for r in data["rows"] if r["tokens"] == 1), key=lambda r: int(r["shape"]))
+    ours, peer = first["us"]["rose_aot"], first["us"]["torch_compile"]
+    assert f"| {first['shape']} | {ours:.2f} ({peer / ours:.2f}x) |" in table[2]
+    assert table[0].endswith("% copy at 8192 / 32768 |")
