@@ -57,7 +57,7 @@ def host_function(config, variant: Variant, arch: Arch):
         amax = Float32(0.0)
         total = mX.shape[0] * V
         for base in cutlass.range(first, total, step * UNROLL):
-            load_vectors(mX, tXrX, base, step, total, False)
+            move_vectors(mX, tXrX, base, step, total, False, True)
             amax = cute.arch.fmax(amax, absmax_of(tXrX))
         return segment_max(amax, sWarp, threads)
 
@@ -76,37 +76,37 @@ def host_function(config, variant: Variant, arch: Arch):
             mScale[0] = cute.arch.fmax(total, Float32(eps)) / Float32(FP8_MAX)
 
     @cute.jit
-    def load_vectors(mX, tXrX, base, step, total, reverse: cutlass.Constexpr):
-        """tXrX[:, k] = vector base + k * step (of the last-first order if `reverse`); vectors
-        past the end read as 0. All UNROLL loads are issued before any is used: one 16-byte
-        load in flight per thread left the grid-stride loops at about half the bandwidth."""
+    def move_vectors(mT, tR, base, step, total, reverse: cutlass.Constexpr,
+                     load: cutlass.Constexpr):
+        """load: tR[:, k] = vector base + k * step of mT (of the last-first order if `reverse`),
+        vectors past the end read as 0; else the same vectors of mT = tR[:, k]. All UNROLL
+        loads are issued before any is used: one 16-byte load in flight per thread left the
+        grid-stride loops at about half the bandwidth."""
         for k in cutlass.range_constexpr(UNROLL):
             u = base + k * step
             if u < total:
                 if const_expr(reverse):
                     u = total - 1 - u
-                gX = cute.zipped_divide(mX[u // V, None], (vec,))
-                cute.autovec_copy(gX[(None, u % V)], tXrX[None, k])
+                gT = cute.zipped_divide(mT[u // V, None], (vec,))
+                if const_expr(load):
+                    cute.autovec_copy(gT[(None, u % V)], tR[None, k])
+                else:
+                    cute.autovec_copy(tR[None, k], gT[(None, u % V)])
             else:
-                tXrX[None, k].fill(0)
+                if const_expr(load):
+                    tR[None, k].fill(0)
 
     @cute.jit
     def store_quantized(tXrX, mQ, divisor, recip, base, step, total,
                         reverse: cutlass.Constexpr):
-        """Quantize the vectors that load_vectors(..., base, step, total, reverse) loaded."""
+        """Quantize the vectors that move_vectors(..., base, step, total, reverse, True) loaded."""
         tYrY = cute.make_rmem_tensor((vec, UNROLL), Float32)
         tYrY.store(tXrX.load().to(Float32))
         for j in cutlass.range_constexpr(vec * UNROLL):
             tYrY[j] = quotient(tYrY[j], divisor, recip)
         tQrQ = cute.make_rmem_tensor((vec, UNROLL), mQ.element_type)
         tQrQ.store(tYrY.load().to(mQ.element_type))
-        for k in cutlass.range_constexpr(UNROLL):
-            u = base + k * step
-            if u < total:
-                if const_expr(reverse):
-                    u = total - 1 - u
-                gQ = cute.zipped_divide(mQ[u // V, None], (vec,))
-                cute.autovec_copy(tQrQ[None, k], gQ[(None, u % V)])
+        move_vectors(mQ, tQrQ, base, step, total, reverse, False)
 
     @cute.jit
     def quantize(mX, mQ, scale, first, step, reverse: cutlass.Constexpr):
@@ -114,7 +114,7 @@ def host_function(config, variant: Variant, arch: Arch):
         divisor, recip = quotient_factors(scale)
         total = mX.shape[0] * V
         for base in cutlass.range(first, total, step * UNROLL):
-            load_vectors(mX, tXrX, base, step, total, reverse)
+            move_vectors(mX, tXrX, base, step, total, reverse, True)
             store_quantized(tXrX, mQ, divisor, recip, base, step, total, reverse)
 
     @cute.kernel
@@ -137,7 +137,7 @@ def host_function(config, variant: Variant, arch: Arch):
             total = mX.shape[0] * V
             if total <= threads * UNROLL:
                 tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
-                load_vectors(mX, tXrX, tidx, threads, total, False)
+                move_vectors(mX, tXrX, tidx, threads, total, False, True)
                 amax = segment_max(absmax_of(tXrX), sWarp, threads)
                 scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
                 if tidx == 0:
