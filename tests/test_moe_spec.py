@@ -271,8 +271,8 @@ def test_combine_compiles_with_the_arch_widest_loads(arch):
     """128-bit row accesses on sm_90a; 256-bit (v8.b32) on sm_100a, where a bf16 row of 7168
     (14336 bytes) is a whole number of 32-byte vectors."""
     point = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), arch)
-    assert [v.name for v in point.record.variants] == ["decode", "prefill", "split"]
-    assert list(point.artifacts) == ["decode", "prefill", "split"]
+    assert [v.name for v in point.record.variants] == ["decode", "prefill", "split", "split_wide"]
+    assert list(point.artifacts) == ["decode", "prefill", "split", "split_wide"]
     width = "v8" if arch == "sm_100a" else "v4"
     for v in point.record.variants:
         ptx = point.artifacts[v.name][0]
@@ -301,6 +301,11 @@ def test_combine_split_covers_each_row_with_one_warp_blocks(arch, top_k, hidden)
     assert split.pdl == decode.pdl > 0 and prefill.pdl == 0
     assert decode.constants["chunks"] == prefill.constants["chunks"] == 1
     assert split.params == decode.params == prefill.params
+    wide = v["split_wide"]
+    w = wide.constants
+    assert wide.block == (32, 1, 1) and w["rows_per_block"] == 1 and w["vecs_per_thread"] == 4
+    assert w["chunks"] == -(-hidden // (4 * chunk_elems)) and wide.pdl == split.pdl
+    assert wide.params == split.params
 
 
 def test_combine_plan_splits_rows_below_one_token_per_sm():
@@ -334,7 +339,7 @@ def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid():
     assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "decode"
 
 
-@pytest.mark.parametrize("force", ["decode", "prefill", "split"])
+@pytest.mark.parametrize("force", ["decode", "prefill", "split", "split_wide"])
 def test_combine_every_variant_can_be_forced_at_any_size(force):
     c = COMBINE.make_config(top_k=4, hidden=1024)
     a = ARCHS["sm_90a"]
@@ -343,10 +348,10 @@ def test_combine_every_variant_can_be_forced_at_any_size(force):
         (launch,) = _plan(COMBINE, c, a, {"tokens": tokens}, force)
         assert launch.variant == force
         v = variants[force].constants
-        blocks_per_token = v["chunks"] if force == "split" else 1
+        blocks_per_token = v["chunks"]
         tokens_per_block = v["rows_per_block"]
         assert launch.grid == (-(-tokens // tokens_per_block) * blocks_per_token, 1, 1)
-    assert "split" in COMBINE.plan_choices
+    assert {"split", "split_wide"} <= set(COMBINE.plan_choices)
     with pytest.raises(ConfigError, match="unknown variant 'fast'"):
         _plan(COMBINE, c, a, {"tokens": 1}, "fast")
 
@@ -357,7 +362,7 @@ def combine_ptx():
     return {name: ptx for name, (ptx, _cubin) in point.artifacts.items()}
 
 
-@pytest.mark.parametrize("variant", ["decode", "prefill", "split"])
+@pytest.mark.parametrize("variant", ["decode", "prefill", "split", "split_wide"])
 def test_combine_reads_every_position_and_weight_before_any_row(combine_ptx, variant):
     """Positions and weights are straight-line scalar loads issued together; every row load
     comes after them, so no row load waits behind a branch on a later position."""

@@ -96,6 +96,8 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
             runs.insert(0, ("small", 3))
         if "split" in family.plan_choices:  # moe_combine: one token's row over many blocks
             runs.insert(0, ("split", 3))
+        if "split_wide" in family.plan_choices:
+            runs.insert(0, ("split_wide", 3))
         for variant, tokens in runs:
             if point["family"] == "moe_dispatch" and tokens > 3:
                 tokens = 301  # prefill route + copy

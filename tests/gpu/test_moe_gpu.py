@@ -235,7 +235,7 @@ def test_combine_chain_with_programmatic_dependent_launch(bundle):
         pos2 = torch.zeros(1, c.top_k, dtype=torch.int32, device="cuda")  # k copies of mid[0]
         w2 = torch.rand(1, c.top_k, generator=torch.Generator().manual_seed(3)).cuda()
         out = torch.empty_like(mid)
-        for variant in ("split", "decode"):
+        for variant in ("split", "split_wide", "decode"):
             (launch,) = handle.plan(y, pos, w, mid, variant=variant)
             v = record.variant(variant)
             grid = launch.grid[0] * launch.grid[1] * launch.grid[2]

@@ -10,8 +10,10 @@ outputs of the ranks are then summed by an all-reduce (a separate kernel).
 Work split as rms_norm's: a row of the output over whole warps, the arch's widest accesses;
 decode keeps one token per block with few vectors per thread, prefill several tokens per block.
 Below one token per SM, split gives each token's row to several one-warp blocks (grid = tokens x
-chunks of the row), so a decode step's few tokens use every SM (see tuning.py). All three run
-the same device code, so their results are bitwise equal.
+chunks of the row), so a decode step's few tokens use every SM (see tuning.py); split_wide
+does the same with 4 vectors per thread (a quarter of the blocks, for 38-131 tokens, where split
+exceeds its block limit; forced only until measured). All run the same device code, so their
+results are bitwise equal.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class MoeCombine(KernelFamily):
     name = "moe_combine"
     Config = MoeCombineConfig
     device_module = "rose_aot.kernels.moe_combine.device"
-    plan_choices = ("decode", "prefill", "split")
+    plan_choices = ("decode", "prefill", "split", "split_wide")
 
     def validate(self, c: MoeCombineConfig) -> None:
         if not 1 <= c.top_k <= 32:
@@ -107,7 +109,16 @@ class MoeCombine(KernelFamily):
             split_max_tokens_per_sm=tuning.SPLIT_MAX_TOKENS_PER_SM,
             split_max_blocks_per_sm=tuning.SPLIT_MAX_BLOCKS_PER_SM,
         )
-        return (decode, prefill, split)
+        wide_chunk = chunk * tuning.SPLIT_WIDE_VECS
+        split_wide = variant(
+            "split_wide",
+            tuning.SPLIT_WARPS,
+            tuning.SPLIT_WIDE_VECS,
+            1,
+            chunks=-(-vectors // wide_chunk),
+            pdl=PDL_MAX_THREADS,
+        )
+        return (decode, prefill, split, split_wide)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
@@ -122,6 +133,9 @@ class MoeCombine(KernelFamily):
             use_split = force == "split"
         if use_split:
             return (Launch("split", (tokens * split["chunks"], 1, 1)),) if tokens else ()
+        if force == "split_wide":  # measured forced only so far (tuning.py)
+            chunks = variants["split_wide"].constants["chunks"]
+            return (Launch("split_wide", (tokens * chunks, 1, 1)),) if tokens else ()
         decode = variants["decode"].constants
         use_decode = tokens * decode["warps_per_row"] <= sm_count * decode["decode_warps_per_sm"]
         return row_plan(variants, tokens, force, use_decode)

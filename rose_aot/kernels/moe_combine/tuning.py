@@ -23,7 +23,7 @@ stop paying for themselves. Hence at most 8 blocks per SM (1056 on an H200).
 
 from __future__ import annotations
 
-__all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM"]
+__all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM", "SPLIT_WIDE_VECS"]
 
 # Warps per block of the split variant, one vector per thread and row: the smallest chunk, so a
 # single token's rows spread over the most SMs (28 blocks at hidden 7168 in bf16 on sm_90a).
@@ -32,3 +32,8 @@ SPLIT_WARPS = 1
 SPLIT_MAX_TOKENS_PER_SM = 1
 # ...and while its grid has at most this many blocks per SM (measured: see above).
 SPLIT_MAX_BLOCKS_PER_SM = 8
+# Vectors per thread of the split_wide variant: 4 x fewer blocks than split, more loads in flight
+# per thread, for the token counts where split's grid passes its block limit but decode leaves
+# SMs idle (top-2 at 64-128 tokens ran 2-10% behind torch.compile with decode). Forced only
+# (the plan does not take it) until the combine sweep has measured it.
+SPLIT_WIDE_VECS = 4
