@@ -1,13 +1,22 @@
-"""Host overhead of one eager launch through the loader (no CUDA graph), and where it goes.
+"""Host overhead of one eager launch through the loader (no CUDA graph), where it goes, and
+every driver API the loader can launch through, side by side.
 
     python benchmarks/launch_overhead.py BUNDLE [--launches N]
 
-Times N back-to-back launches of a decode-sized qk_norm (1 token) with the host clock; the GPU
-work per launch is far below the host cost, so the figure is host time. The same loop is timed
-for the pieces of a launch (the generated hot path without the handle's __call__; the argument
-checks alone; the driver call with packed parameters) and for a torch eager op as a peer, and
-for the floors: the same prepacked launch through the plain cuLaunchKernel entry point and
-through cuda.bindings' wrapper.
+Times N back-to-back launches of a decode-sized qk_norm (1 token; a launch without attributes)
+with the host clock; the GPU work per launch is far below the host cost, so the figure is host
+time. The same loop is timed for the pieces of a launch (the generated hot path without the
+handle's __call__; the argument checks alone; the generated launcher alone; the driver call with
+packed parameters), for a torch eager op as a peer (before and after the rest, to show drift),
+and for the floors: the same prepacked launch through the plain cuLaunchKernel entry point
+(ctypes, 11 converted arguments) and through cuda.bindings' wrapper with prebuilt handles.
+
+`apis` repeats the whole call and its bare driver call for each driver API
+(rose_aot.loader.driver.LAUNCH_APIS): for the qk_norm launch (no attributes) and, when the
+bundle has one, a one-token rms_norm launch with programmatic dependent launch (the
+attributed launches; "bindings" cannot make those). The loader's default is
+`driver.launch_api()` (printed as `default_api`); `rose_aot_call_us` and `ratio_to_torch_mul`
+are for it.
 """
 
 from __future__ import annotations
@@ -18,18 +27,8 @@ import statistics
 import time
 
 
-def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
+def _per_call(launches: int, repeats: int):
     import torch
-
-    point = next(p for p in bundle.index["points"] if p["family"] == "qk_norm")
-    cfg = point["config"]
-    handle = bundle.kernel("qk_norm", **cfg)
-    d = cfg["head_dim"]
-    q = torch.randn(1, cfg["num_q_heads"], d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, cfg["num_k_heads"], d, device="cuda", dtype=torch.bfloat16)
-    w = torch.ones(d, device="cuda", dtype=torch.bfloat16)
-    handle(q, k, w, w)
-    torch.cuda.synchronize()
 
     def per_call(fn):
         samples = []
@@ -43,23 +42,125 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
             samples.append(elapsed / launches * 1e6)
         return statistics.median(samples)
 
-    args = (q, k, w, w)
+    return per_call
+
+
+def _driver_call(prepared, params: int, stream: int):
+    """The driver call of `prepared` exactly as the generated launcher makes it (see
+    driver.PreparedLaunch), as a function of no arguments."""
+    from rose_aot.loader import driver
+
+    call, config = prepared.bind(params), prepared.config
+    if prepared.api == "ctypes-ex":
+        def launch():
+            config.hStream = stream
+            return call()
+    elif prepared.api == "bindings-ex":
+        stream_object = driver.stream_object(stream)
+
+        def launch():
+            config.hStream = stream_object
+            return call()[0]
+    else:
+        stream_object = driver.stream_object(stream)
+
+        def launch():
+            return call(stream_object, params, 0)[0]
+    return launch
+
+
+def _resolved_launch(handle, args, sizes):
+    """Resolve the call anew (with the current driver API) and return its one launch."""
+    handle._forget_resolved()
+    handle(*args)
+    dev = args[0].get_device()
+    (launch,) = handle._resolved[(dev, sizes, None)]
+    return launch
+
+
+def _pdl_point(bundle):
+    """A one-token rms_norm call whose launch has attributes (PDL), or None."""
+    import torch
+
+    for point in bundle.index["points"]:
+        cfg = point["config"]
+        if point["family"] != "rms_norm" or cfg.get("fused_residual"):
+            continue
+        handle = bundle.kernel("rms_norm", **cfg)
+        h = cfg["hidden"]
+        args = (torch.randn(1, h, device="cuda", dtype=torch.bfloat16),
+                torch.ones(h, device="cuda", dtype=torch.bfloat16),
+                torch.empty(1, h, device="cuda", dtype=torch.bfloat16))
+        try:
+            _packer, _name, prepared = _resolved_launch(handle, args, (1,))
+        except Exception:  # noqa: BLE001 - a point this arg shape does not fit: try another
+            continue
+        if prepared.attributes:
+            return handle, args
+    return None
+
+
+def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
+    import torch
+
+    from rose_aot.loader import driver
+
+    per_call = _per_call(launches, repeats)
+    point = next(p for p in bundle.index["points"] if p["family"] == "qk_norm")
+    cfg = point["config"]
+    handle = bundle.kernel("qk_norm", **cfg)
+    d = cfg["head_dim"]
+    q = torch.randn(1, cfg["num_q_heads"], d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, cfg["num_k_heads"], d, device="cuda", dtype=torch.bfloat16)
+    wq = torch.ones(d, device="cuda", dtype=torch.bfloat16)
+    wk = torch.ones(d, device="cuda", dtype=torch.bfloat16)  # two weights, as a model has
+    args = (q, k, wq, wk)
+    handle(*args)
+    torch.cuda.synchronize()
+
+    out = {"default_api": driver.launch_api(), "torch_eager_mul_us": per_call(lambda: q.mul_(1.0))}
+    default = driver.launch_api()
+    apis: dict = {"no_attributes": {}, "attributed": {}}
+    pdl = _pdl_point(bundle)
+    try:
+        for api in driver.LAUNCH_APIS:
+            driver.set_launch_api(plain=api)
+            # resolving runs the call once: the buffer holds its parameters
+            packer, _name, prepared = _resolved_launch(handle, args, (1,))
+            assert prepared.api == api and not prepared.attributes
+            launch = _driver_call(prepared, packer.address, handle._raw_stream(q.get_device()))
+            apis["no_attributes"][api] = {"call_us": per_call(lambda: handle(*args)),
+                                          "driver_call_us": per_call(launch)}
+        if pdl is not None:
+            pdl_handle, pdl_args = pdl
+            for api in ("ctypes-ex", "bindings-ex"):
+                driver.set_launch_api(attributed=api)
+                packer, _name, prepared = _resolved_launch(pdl_handle, pdl_args, (1,))
+                assert prepared.api == api and prepared.attributes
+                launch = _driver_call(prepared, packer.address,
+                                      pdl_handle._raw_stream(pdl_args[0].get_device()))
+                apis["attributed"][api] = {"call_us": per_call(lambda: pdl_handle(*pdl_args)),
+                                           "driver_call_us": per_call(launch),
+                                           "attributes": list(prepared.attributes)}
+    finally:
+        driver.set_launch_api(**default)
+    out["apis"] = apis
+
+    # The pieces, with the default API.
+    packer, name, prepared = _resolved_launch(handle, args, (1,))
     dev = q.get_device()
     binder = handle._state(dev)[1]  # the ArgBinder of this device's arch (its record's args)
-    (launch,) = handle._resolved[(dev, (1,), None)]
-    config, call, pack, packer, name, prepared = launch
     variant = handle.record(dev).variant(name)  # block and shared memory come from the record
     assert (prepared.block, prepared.smem) == (variant.block, variant.smem)
     raw_stream = handle._raw_stream
     stream = raw_stream(dev)
     atoms = binder.fast_bind(args)[2]
-    params = pack(atoms, ())
-    config.hStream = stream
+    go = handle._launchers[handle._fast_arch][(dev, 1)]
+    handle(*args)
+    params = packer.address
 
     # The floors: the same cubin function and prepacked parameters through the plain
     # cuLaunchKernel entry point (ctypes) and through cuda.bindings' own wrapper.
-    from rose_aot.loader import driver
-
     plain = driver.launcher()
     function = prepared.function
     (gx, gy, gz), (bx, by, bz), smem = prepared.grid, prepared.block, prepared.smem
@@ -77,23 +178,24 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
         ops = torch_ops.register(bundle)
     except Exception as exc:  # reported, not fatal: the eager handle is the figure asked for
         print(f"torch ops not measured: {exc}")
-    out = {
+    out.update({
         "rose_aot_call_us": per_call(lambda: handle(*args)),
         "hot_path_us": per_call(lambda: handle._fast_launch(args)),  # all but __call__ itself
         "argument_checks_us": per_call(lambda: binder.fast_bind(args)),
-        "checks_and_pack_us": per_call(lambda: pack(binder.fast_bind(args)[2], ())),
+        "launcher_us": per_call(lambda: go(stream, *atoms)),  # packs + driver call, locked
         "launch_attributes": list(prepared.attributes),
         "current_stream_us": per_call(lambda: raw_stream(dev)),
-        "driver_launch_ex_us": per_call(lambda: call(params, None)),
+        "driver_call_us": per_call(_driver_call(prepared, params, stream)),
         "driver_launch_plain_ctypes_us": per_call(
             lambda: plain(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)),
         "driver_launch_cuda_bindings_us": per_call(bindings_launch),
-        "torch_eager_mul_us": per_call(lambda: q.mul_(1.0)),
         "torch_eager_add_us": per_call(lambda: q.add_(1)),
-    }
+        "torch_eager_mul_again_us": per_call(lambda: q.mul_(1.0)),
+    })
     if ops is not None:
         out["torch_op_call_us"] = per_call(lambda: ops.call(handle, *args))
-    out["ratio_to_torch_mul"] = out["rose_aot_call_us"] / out["torch_eager_mul_us"]
+    torch_mul = (out["torch_eager_mul_us"] + out["torch_eager_mul_again_us"]) / 2
+    out["ratio_to_torch_mul"] = out["rose_aot_call_us"] / torch_mul
     return out
 
 

@@ -11,9 +11,15 @@ Two halves, because the two paths run on different machines (exactly the product
   # per process, reported apart), open + verify the bundle, preload every kernel
   python benchmarks/warmup.py gpu-side build/models
 
+  # any machine (no GPU needed): per model, in fresh processes: open + verify the bundle, the
+  # CPU side of a preload (every cubin of the arch fetched as a load would take it), and a
+  # handle per point; the part of the GPU side's figures that is not the driver's
+  python benchmarks/warmup.py cpu-side build/models
+
 The GPU side prints a markdown table and writes warmup.json to $OUT (or benchmarks/results):
 medians of 5 cold processes; the JIT column is the DSL import plus the compile seconds of the
 model's sm_90a points from its build report (what a replica pays at every start without AOT).
+The CPU side prints its table only.
 """
 
 from __future__ import annotations
@@ -65,6 +71,28 @@ assert "cutlass" not in sys.modules
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "driver_binding_ms": (tb - t1) * 1e3,
                   "open_verify_ms": (t2 - tb) * 1e3, "preload_ms": (t3 - t2) * 1e3,
                   "kernels": kernels, "context_ms": context_ms}))
+"""
+
+_CPU_PROBE = r"""
+import json, sys, time
+import torch
+import rose_aot
+t0 = time.perf_counter()
+bundle = rose_aot.open_bundle(sys.argv[1])
+t1 = time.perf_counter()
+arch = sys.argv[2]
+kernels = 0
+for (key, a), point in sorted(bundle._points.items()):  # preload's loads, minus the driver
+    if a == arch:
+        for v in point["variants"]:
+            bundle.reader.blob(v["cubin"])
+            kernels += len(bundle.record(key, a).variant(v["name"]).entries)
+t2 = time.perf_counter()
+handles = [bundle.handle(key) for key in bundle.points(arch)]
+t3 = time.perf_counter()
+assert "cutlass" not in sys.modules
+print(json.dumps({"open_verify_ms": (t1 - t0) * 1e3, "preload_cpu_ms": (t2 - t1) * 1e3,
+                  "handles_ms": (t3 - t2) * 1e3, "kernels": kernels, "handles": len(handles)}))
 """
 
 _DSL_IMPORT_PROBE = r"""
@@ -152,11 +180,34 @@ def gpu_side(models_dir: Path) -> None:
               + (f" {r['context_ms']:.0f} |" if CONTEXT_FIRST else ""), flush=True)
 
 
+def cpu_side(models_dir: Path, arch: str = "sm_90a") -> None:
+    bundles = sorted(models_dir.glob("*.rosebundle"))
+    if not bundles:
+        sys.exit(f"{models_dir} has no bundles; run "
+                 f"`python benchmarks/warmup.py build-side {models_dir} manifests/*.toml` first")
+    print(f"| model | points | kernels | open + verify ms | preload, CPU side ms | "
+          f"a handle per point ms |  (median of {REPEATS} cold processes, {arch})")
+    print("|---|---|---|---|---|---|", flush=True)
+    for bundle in bundles:
+        runs = []
+        for _ in range(REPEATS):
+            done = subprocess.run([sys.executable, "-c", _CPU_PROBE, str(bundle), arch],
+                                  check=True, capture_output=True, text=True)
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        med = {k: statistics.median(r[k] for r in runs)
+               for k in ("open_verify_ms", "preload_cpu_ms", "handles_ms")}
+        print(f"| {bundle.stem} | {runs[0]['handles']} | {runs[0]['kernels']} | "
+              f"{med['open_verify_ms']:.2f} | {med['preload_cpu_ms']:.2f} | "
+              f"{med['handles_ms']:.2f} |", flush=True)
+
+
 def main() -> None:
     if len(sys.argv) >= 3 and sys.argv[1] == "build-side":
         build_side(Path(sys.argv[2]), sys.argv[3:])
     elif len(sys.argv) == 3 and sys.argv[1] == "gpu-side":
         gpu_side(Path(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "cpu-side":
+        cpu_side(Path(sys.argv[2]))
     else:
         sys.exit(__doc__)
 

@@ -184,6 +184,37 @@ def test_round_trip(tmp_path, monkeypatch):
     assert reader.blob_info("empty")["raw_size"] == 0, "blob_info must hand out a copy"
 
 
+def test_blobs_from_many_threads_are_exact_and_the_cache_stays_bounded(tmp_path):
+    """One reader shares one zstd context between its blobs; threads asking for blobs at
+    once (with a cache too small to keep them, so each asks the context again) each get
+    exactly the blob's bytes, and the cache never holds more than its limit."""
+    import threading
+
+    rng = random.Random(5)
+    blobs = {f"b{i}": rng.randbytes(rng.randrange(20_000, 200_000)) for i in range(12)}
+    path = tmp_path / "many.rab"
+    write_bundle(path, {}, blobs)
+    reader = BundleReader(str(path), path.read_bytes(), cache_bytes=300_000)
+    wrong, sizes = [], []
+
+    def work(seed):
+        local = random.Random(seed)
+        for _ in range(60):
+            name = local.choice(sorted(blobs))
+            if reader.blob(name) != blobs[name]:
+                wrong.append(name)
+            sizes.append(reader._cache_bytes)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == [] and len(sizes) == 480
+    assert max(sizes) <= 300_000
+    assert reader._cache_bytes == sum(len(v) for v in reader._cache.values())
+
+
 def test_empty_bundle_and_memory_reader(tmp_path):
     path = tmp_path / "e.rab"
     write_bundle(path, {}, {})

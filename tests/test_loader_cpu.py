@@ -637,40 +637,73 @@ def test_generated_fast_path_requires_a_cuda_device_unless_told():
 
 
 class _Config:
-    """Stands in for a ctypes CUlaunchConfig: the launcher writes only its stream."""
+    """Stands in for a launch config (ctypes or cuda.bindings CUlaunchConfig): the launcher
+    writes only its stream."""
     hStream = None
 
 
-def _recording_launcher(names_per_launch, calls, codes=None):
+class _StreamObject(tuple):
+    """Stands in for cuda.bindings' CUstream of a raw stream."""
+
+
+def _recording_launcher(names_per_launch, calls, codes=None, apis=None, lock=None):
     """A generated launcher for the hand-made spec whose driver calls are Python callables
-    recording (launch index, stream written, parameter bytes at call time). It tests the
-    generated code only; launches on the GPU are the GPU suite's."""
+    recording (launch index, stream the driver got, parameter bytes at call time), each called
+    the way its driver API calls (driver.PreparedLaunch): "ctypes-ex" gets the raw stream
+    written into its config, "bindings" gets the stream object and the kernelParams address as
+    arguments, "bindings-ex" gets the stream object in its config. It tests the generated code
+    only; launches on the GPU are the GPU suite's."""
     import threading
 
     from rose_aot.loader.runtime import _launcher_factory
 
+    apis = apis or ("ctypes-ex",) * len(names_per_launch)
     binder = ArgBinder("hand", HAND_ARGS, [(0, 0), (0, 1)], allow_cpu=True)
     packers = [_hand_packer(names) for names in names_per_launch]
     make = _launcher_factory("hand", [p.exprs(binder.atom_names, len(HAND_ARGS)) for p in packers],
-                             binder.atom_count, False)
+                             binder.atom_count, False, apis)
     bound = []
-    for j, packer in enumerate(packers):
-        config = _Config()
+    for j, (packer, api) in enumerate(zip(packers, apis)):
+        config = _Config() if api != "bindings" else None
 
-        def call(j=j, packer=packer, config=config):
-            calls.append((j, config.hStream, _packed(packer, packer.address)))
-            return (codes or {}).get(j, 0)
+        def call(*args, j=j, packer=packer, config=config, api=api):
+            if api == "bindings":
+                stream, address, extra = args
+                assert address == packer.address and extra == 0
+            else:
+                assert args == ()
+                stream = config.hStream
+            calls.append((j, stream, _packed(packer, packer.address)))
+            code = (codes or {}).get(j, 0)
+            return code if api == "ctypes-ex" else (code,)  # cuda.bindings returns a tuple
 
-        bound += [packer.struct.pack_into, packer.buffer, config, call]
+        bound += [packer.struct.pack_into, packer.buffer, config, call, packer.address]
     failures = []
-    go = make(threading.Lock(), lambda code, j: failures.append((code, j)), None, *bound)
+    streams = {}
+
+    def new_stream(raw):
+        streams[raw] = _StreamObject(("stream object", raw))
+        return streams[raw]
+
+    def fail(code, j):
+        failures.append((code, j))
+        if code == 999:
+            raise RuntimeError("launch failed")
+
+    lock = lock or threading.Lock()
+    go = make(lock.acquire, lock.release, fail, None, streams, new_stream, *bound)
     return binder, packers, go, failures
 
 
-def test_generated_launcher_packs_every_launch_then_calls_each_on_the_stream():
+API_MIXES = [("ctypes-ex", "ctypes-ex"), ("bindings", "bindings"), ("bindings-ex", "ctypes-ex"),
+             ("ctypes-ex", "bindings")]
+
+
+@pytest.mark.parametrize("apis", API_MIXES, ids="+".join)
+def test_generated_launcher_packs_every_launch_then_calls_each_on_the_stream(apis):
     calls = []
     names = [("x", "w", "lens", "y"), ("y", "lens")]
-    binder, packers, go, failures = _recording_launcher(names, calls)
+    binder, packers, go, failures = _recording_launcher(names, calls, apis=apis)
     values = _hand_tensors(x_stride=520, y_stride=72)
     _, _, atoms = binder.fast_bind(tuple(values))
     go(0xABC, *atoms)
@@ -679,22 +712,60 @@ def test_generated_launcher_packs_every_launch_then_calls_each_on_the_stream():
     want = []
     for packer in packers:  # the checked path's bytes
         want.append(_packed(packer, packer.pack(packer.values(pointers, dims))))
-    assert calls == [(0, 0xABC, want[0]), (1, 0xABC, want[1])]
+    stream = {"ctypes-ex": 0xABC, "bindings": ("stream object", 0xABC),
+              "bindings-ex": ("stream object", 0xABC)}
+    assert calls == [(0, stream[apis[0]], want[0]), (1, stream[apis[1]], want[1])]
     assert failures == []
 
 
-def test_generated_launcher_reports_a_failed_launch_and_packs_nothing_out_of_range():
+@pytest.mark.parametrize("api", ["ctypes-ex", "bindings", "bindings-ex"])
+def test_generated_launcher_reports_a_failed_launch_and_packs_nothing_out_of_range(api):
+    import threading
+
     calls = []
-    binder, packers, go, failures = _recording_launcher([("x",), ("lens",)], calls, codes={1: 700})
+    lock = threading.Lock()
+    binder, packers, go, failures = _recording_launcher([("x",), ("lens",)], calls, codes={1: 700},
+                                                        apis=(api, api), lock=lock)
     _, _, atoms = binder.fast_bind(tuple(_hand_tensors()))
     go(7, *atoms)
     assert [c[0] for c in calls] == [0, 1] and failures == [(700, 1)]
-    # An extent that does not fit its int32 field: struct.error before the first driver call.
+    assert not lock.locked()
+    # An extent that does not fit its int32 field: struct.error before the first driver call,
+    # and the handle's lock released.
     calls.clear()
     too_big = (atoms[0], 2**31, *atoms[2:])
     with pytest.raises(struct.error):
         go(7, *too_big)
-    assert calls == []
+    assert calls == [] and not lock.locked()
+
+
+def test_generated_launcher_releases_the_lock_when_a_launch_error_is_raised():
+    import threading
+
+    calls = []
+    lock = threading.Lock()
+    codes = {0: 999}
+    binder, _, go, failures = _recording_launcher([("x",), ("lens",)], calls, codes=codes,
+                                                  lock=lock)
+    _, _, atoms = binder.fast_bind(tuple(_hand_tensors()))
+    with pytest.raises(RuntimeError, match="launch failed"):
+        go(7, *atoms)
+    assert failures == [(999, 0)] and [c[0] for c in calls] == [0]  # the second never runs
+    assert not lock.locked()
+    codes.clear()
+    go(7, *atoms)  # the next call is not blocked
+    assert [c[0] for c in calls] == [0, 0, 1]
+
+
+def test_generated_launcher_makes_one_stream_object_per_stream():
+    calls = []
+    binder, _, go, _ = _recording_launcher([("x",)], calls, apis=("bindings",))
+    _, _, atoms = binder.fast_bind(tuple(_hand_tensors()))
+    go(5, *atoms)
+    go(5, *atoms)
+    go(6, *atoms)
+    assert [c[1] for c in calls] == [("stream object", 5)] * 2 + [("stream object", 6)]
+    assert calls[0][1] is calls[1][1]  # the same object: made once, then looked up
 
 
 def test_generated_fast_launch_runs_the_resolved_launcher_with_the_bound_atoms():
@@ -713,6 +784,151 @@ def test_generated_fast_launch_runs_the_resolved_launcher_with_the_bound_atoms()
     for what, bad in _hand_mutations():  # every refused call launches nothing
         assert fast(tuple(bad)) is False, what
     assert len(seen) == 2
+
+
+def test_generated_fast_path_takes_parameters_and_refuses_other_tensor_subclasses():
+    class Wrapped(torch.Tensor):  # a subclass may override any attribute the checks read
+        pass
+
+    binder = ArgBinder("hand", HAND_ARGS, [(0, 0)], allow_cpu=True)
+    x, w, lens, y = _hand_tensors()
+    assert binder.fast_bind((x, torch.nn.Parameter(w), lens, y)) is not None  # module weights
+    assert binder.fast_bind((torch.nn.Parameter(x), w, lens, y)) is not None  # the first, too
+    assert binder.fast_bind((x, w.as_subclass(Wrapped), lens, y)) is None
+    assert binder.fast_bind((x.as_subclass(Wrapped), w, lens, y)) is None
+
+
+# -------------------------------------------------- a handle's hot path on CPU (fake driver)
+
+
+class _FakePrepared:
+    """driver.PreparedLaunch without a driver: records each launch as (API, function, grid,
+    stream the driver got, parameter bytes at call time), made the way its API makes it."""
+
+    log: list = []
+
+    def __init__(self, function, grid, block, smem, *, pdl=False, cooperative=False,
+                 cluster=(1, 1, 1), api=None):
+        from rose_aot.loader import driver
+
+        attributed = pdl or cooperative or tuple(cluster) != (1, 1, 1)
+        self.api = api or driver.launch_api()["attributed" if attributed else "plain"]
+        self.function, self.grid, self.block, self.smem = function, tuple(grid), tuple(block), smem
+        self.attributes = (6,) if pdl else ()
+        self.config = _Config() if self.api != "bindings" else None
+
+    def _record(self, stream, params):
+        raw = ctypes.string_at(ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0], 64)
+        self.log.append((self.api, self.function, self.grid, stream, raw))
+
+    def bind(self, params):
+        if self.api == "bindings":
+            def call(stream, address, extra):
+                assert address == params and extra == 0
+                self._record(stream, params)
+                return (0,)
+        else:
+            def call():
+                self._record(self.config.hStream, params)
+                return 0 if self.api == "ctypes-ex" else (0,)
+        return call
+
+    def __call__(self, stream, params):
+        self._record(stream, params)
+        return 0
+
+
+@pytest.fixture
+def cpu_device_bundle(shipped_build, monkeypatch):
+    """A bundle whose handles run on "device -1" (CPU tensors) through _FakePrepared: the
+    record of sm_90a, 132 SMs, fake CUfunctions, raw stream 0x77 (its stream object
+    ("stream object", 0x77))."""
+    from rose_aot.loader import args as args_module, driver, runtime
+
+    class CpuBinder(args_module.ArgBinder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs, allow_cpu=True)
+
+    monkeypatch.setattr(runtime, "ArgBinder", CpuBinder)
+    monkeypatch.setattr(runtime, "_stream_getter", lambda: (lambda device: 0x77))
+    monkeypatch.setattr(driver, "PreparedLaunch", _FakePrepared)
+    monkeypatch.setattr(driver, "STREAM_OBJECTS", {})
+    monkeypatch.setattr(driver, "stream_object", lambda raw: ("stream object", raw))
+    monkeypatch.setattr(driver, "_launch_api", dict(driver._launch_api))
+    bundle = open_bundle(shipped_build.path)
+    bundle._device_arch[-1] = "sm_90a"
+    bundle._sm_counts[-1] = 132
+    for (key, arch), record in bundle._records.items():
+        for v in record.variants:
+            functions = [0xF000 + 16 * i for i in range(len(v.entries))]
+            bundle._device_kernels[(-1, key, arch, v.name)] = functions
+    _FakePrepared.log = []
+    return bundle
+
+
+def test_a_handle_generates_no_code_until_a_device_uses_it(cpu_device_bundle, monkeypatch):
+    from rose_aot.loader import args as args_module, runtime
+
+    compiled = []
+
+    def counting(source, filename, mode):
+        compiled.append(filename)
+        return compile(source, filename, mode)
+
+    monkeypatch.setattr(args_module, "compile", counting, raising=False)
+    monkeypatch.setattr(runtime, "compile", counting, raising=False)
+    handle = cpu_device_bundle.kernel("qk_norm", **QK)
+    assert compiled == [] and handle._arch_state == {}
+    binder = handle._any_binder  # the checks' text only
+    assert compiled == [] and "fast_bind" not in vars(binder)
+    assert binder.fast_bind(tuple(_qk_tensors())) is not None  # (this binder allows CPU)
+    assert binder.fast_bind(tuple(_qk_tensors())) is not None
+    assert [f.split()[1] for f in compiled] == ["fast_bind"]  # compiled once, on first use
+    handle._state(-1)  # the first device: its arch's hot path
+    assert [f.split()[1] for f in compiled] == ["fast_bind", "fast_launch"]
+    handle._resolve(-1, (TOKENS,), None)  # a plan: its launcher
+    assert [f.split()[1] for f in compiled] == ["fast_bind", "fast_launch", "launcher"]
+
+
+@pytest.mark.parametrize("api", ["ctypes-ex", "bindings", "bindings-ex"])
+def test_repeated_call_runs_the_generated_launcher_with_the_chosen_api(cpu_device_bundle, api):
+    """handle(*args) on a resolved size: the generated checks, the launcher, and one driver
+    call through `api` with the checked path's parameter bytes, on the current stream."""
+    from rose_aot.loader import driver
+
+    driver.set_launch_api(plain=api)
+    handle = cpu_device_bundle.kernel("qk_norm", **QK)
+    q, k, wq, wk = _qk_tensors()
+    args = (q, k, torch.nn.Parameter(wq), wk)
+    handle._state(-1)
+    ((packer, name, prepared),) = handle._resolve(-1, (TOKENS,), None)
+    assert prepared.api == api and not prepared.attributes
+    assert handle(*args) is None
+    assert handle._fast_launch(args) is True
+    binder = handle._state(-1)[1]
+    dims, _, _ = binder.bind(args, meta=True)
+    want = _packed(packer, packer.pack(packer.values([t.data_ptr() for t in args], dims)))
+    function = cpu_device_bundle._device_kernels[(-1, handle.key, "sm_90a", name)][0]
+    stream = 0x77 if api == "ctypes-ex" else ("stream object", 0x77)
+    assert _FakePrepared.log == [(api, function, prepared.grid, stream, want[:64])] * 2
+    # A size no launcher is resolved for, and refused arguments, launch nothing here.
+    assert handle._fast_launch(tuple(_qk_tensors(TOKENS + 1))) is False
+    assert handle._fast_launch((q, k, wq.double(), wk)) is False
+    assert len(_FakePrepared.log) == 2
+
+
+def test_launch_api_choice_is_checked():
+    from rose_aot.loader import driver
+
+    before = driver.launch_api()
+    with pytest.raises(ArgumentError, match="'cublas' is not one of ctypes-ex, bindings"):
+        driver.set_launch_api(plain="cublas")
+    with pytest.raises(ArgumentError, match="cannot launch with attributes"):
+        driver.set_launch_api(attributed="bindings")
+    assert driver.launch_api() == before == {"plain": "bindings", "attributed": "ctypes-ex"}
+    # cuLaunchKernel has no place for attributes: refused before the driver is touched.
+    with pytest.raises(ArgumentError, match="only the -ex ones take attributes"):
+        driver.PreparedLaunch(0x1000, (1, 1, 1), (32, 1, 1), 0, pdl=True, api="bindings")
 
 
 def test_generated_fast_path_of_every_shipped_point_accepts_its_own_sample(bundle):

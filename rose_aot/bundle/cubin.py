@@ -30,6 +30,8 @@ _EIATTR_CBANK_PARAM_SIZE = 0x19
 _EIATTR_REGCOUNT = 0x2F
 _SHT_SYMTAB = 2
 _MAX_SECTIONS = 65536
+_U64 = struct.Struct("<Q")
+_HEADER_TAIL = struct.Struct("<HHH")  # e_shentsize, e_shnum, e_shstrndx
 
 
 @dataclass
@@ -47,11 +49,16 @@ class CubinEntry:
         return [size for _, _, size in sorted(self.params)]
 
 
-def _unpack(fmt: str, data: bytes, offset: int):
-    size = struct.calcsize(fmt)
-    if offset < 0 or offset + size > len(data):
-        raise ValueError("truncated ELF structure")
-    return struct.unpack_from(fmt, data, offset)
+_SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
+_RECORD = struct.Struct("<BBH")  # .nv.info record header
+_U32 = struct.Struct("<I")
+_SYMBOL = struct.Struct("<I4xQQ")  # Elf64_Sym: st_name, (info, other, shndx), value, size
+
+_DIMS = struct.Struct("<III")
+_KPARAM = struct.Struct("<IHHI")
+_REGCOUNT = struct.Struct("<II")
+_SHT_NOBITS = 8
+_TEXT, _SHARED, _INFO = b".text.", b".nv.shared.", b".nv.info"
 
 
 def _cstring(data: bytes, offset: int) -> str:
@@ -64,78 +71,127 @@ def _cstring(data: bytes, offset: int) -> str:
 
 
 def read_cubin(data: bytes) -> dict[str, CubinEntry]:
-    """Entry name -> facts, for a 64-bit little-endian CUDA ELF. Raises ValueError."""
+    """Entry name -> facts, for a 64-bit little-endian CUDA ELF. Raises ValueError.
+
+    Reads the section header table in one pass, names every section, walks the symbol tables
+    and the global and per-entry .nv.info sections; every offset and size is checked against
+    the file before it is used."""
     data = bytes(data)
-    if data[:4] != b"\x7fELF" or len(data) < 64 or data[4] != 2 or data[5] != 1:
+    size = len(data)
+    if data[:4] != b"\x7fELF" or size < 64 or data[4] != 2 or data[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF file")
-    (shoff,) = _unpack("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = _unpack("<HHH", data, 0x3A)
+    (shoff,) = _U64.unpack_from(data, 0x28)
+    shentsize, shnum, shstrndx = _HEADER_TAIL.unpack_from(data, 0x3A)
     if shentsize < 64 or not 0 < shnum <= _MAX_SECTIONS or shstrndx >= shnum:
         raise ValueError("bad ELF section header table")
-    sections = []
-    for i in range(shnum):
-        name, kind, _flags, _addr, offset, size, link, info, _align, entsize = _unpack(
-            "<IIQQQQIIQQ", data, shoff + i * shentsize
-        )
-        sections.append((name, kind, offset, size, link, info, entsize))
-    str_offset = sections[shstrndx][2]
+    if shoff + (shnum - 1) * shentsize + _SECTION.size > size:
+        raise ValueError("truncated ELF structure")
+    if shentsize == _SECTION.size:
+        sections = list(_SECTION.iter_unpack(data[shoff : shoff + shnum * shentsize]))
+    else:
+        sections = [_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    str_offset = sections[shstrndx][4]
 
     def section_bytes(sec) -> bytes:
-        _, kind, offset, size, *_ = sec
-        if kind == 8:  # SHT_NOBITS (e.g. .nv.shared.*) occupies no file bytes
+        if sec[1] == _SHT_NOBITS:  # e.g. .nv.shared.*: occupies no file bytes
             return b""
-        if offset + size > len(data):
+        offset, length = sec[4], sec[5]
+        if offset + length > size:
             raise ValueError("section extends past the end of the file")
-        return data[offset : offset + size]
+        return data[offset : offset + length]
 
-    named = [(_cstring(data, str_offset + sec[0]), sec) for sec in sections]
-    entries = {
-        n[len(".text.") :]: CubinEntry(n[len(".text.") :]) for n, _ in named if n.startswith(".text.")
-    }
-    symbols: list[str] = []
-    for n, sec in named:
-        if sec[1] == _SHT_SYMTAB:
-            strtab = sections[sec[4]] if sec[4] < len(sections) else None
-            if strtab is None or sec[6] < 24:
+    # A string at offset o is terminated iff a NUL follows it: iff o <= the file's last NUL.
+    last_nul = data.rfind(b"\0")
+
+    def check_string(offset: int) -> None:
+        if not 0 <= offset < size:
+            raise ValueError("string offset outside the file")
+        if offset > last_nul:
+            raise ValueError("unterminated string")
+
+    # Section names are matched in place (bytes.startswith at an offset); only the names of
+    # kernel entries are cut out and decoded.
+    entries: dict[str, CubinEntry] = {}
+    named = []  # (kind of section, entry name or "", section)
+    for sec in sections:
+        offset = str_offset + sec[0]
+        check_string(offset)
+        if data.startswith(_TEXT, offset):
+            entry = _cstring(data, offset + len(_TEXT))
+            entries[entry] = CubinEntry(entry)
+        elif data.startswith(_SHARED, offset):
+            named.append(("shared", _cstring(data, offset + len(_SHARED)), sec))
+        elif data.startswith(_INFO, offset):
+            if data[offset + len(_INFO)] == 0:
+                named.append(("info", "", sec))
+            elif data.startswith(b".", offset + len(_INFO)):
+                named.append(("entry info", _cstring(data, offset + len(_INFO) + 1), sec))
+        if sec[1] == _SHT_SYMTAB:  # by type, whatever its name
+            named.append(("symtab", "", sec))
+    symbols: list[int] = []  # file offsets of the symbol names, decoded when used
+    for what, _, sec in named:
+        if what == "symtab":
+            link, entsize = sec[6], sec[9]
+            if link >= len(sections) or entsize < 24:
                 raise ValueError("bad symbol table")
+            strtab = sections[link][4]
             body = section_bytes(sec)
-            for j in range(len(body) // sec[6]):
-                (st_name,) = _unpack("<I", body, j * sec[6])
-                symbols.append(_cstring(data, strtab[2] + st_name))
-    for n, sec in named:
-        if n.startswith(".nv.shared.") and n[len(".nv.shared.") :] in entries:
-            entries[n[len(".nv.shared.") :]].static_smem = sec[3]
-        if n == ".nv.info" or (n.startswith(".nv.info.") and n[len(".nv.info.") :] in entries):
-            owner = entries.get(n[len(".nv.info.") :]) if n != ".nv.info" else None
-            _read_info(section_bytes(sec), owner, entries, symbols)
+            count = len(body) // entsize
+            if entsize == _SYMBOL.size:
+                names = [strtab + n for n, _, _ in _SYMBOL.iter_unpack(body[: count * entsize])]
+            else:
+                names = [strtab + _U32.unpack_from(body, j * entsize)[0] for j in range(count)]
+            if names and max(names) > last_nul:  # some name is bad: report the first
+                for offset in names:
+                    check_string(offset)
+            symbols += names
+    for what, name, sec in named:
+        if what == "shared":
+            entry = entries.get(name)
+            if entry is not None:
+                entry.static_smem = sec[5]
+        elif what == "info":
+            _read_info(section_bytes(sec), None, entries, symbols, data)
+        elif what == "entry info":
+            owner = entries.get(name)
+            if owner is not None:
+                _read_info(section_bytes(sec), owner, entries, symbols, data)
     return entries
 
 
-def _read_info(body: bytes, owner: CubinEntry | None, entries, symbols) -> None:
+def _read_info(body: bytes, owner: CubinEntry | None, entries, symbols, data) -> None:
+    """One .nv.info section: `owner`'s (or, for the global one, the REGCOUNT of entries whose
+    symbol is named at `symbols[i]` in `data`)."""
     pos = 0
-    while pos + 4 <= len(body):
-        fmt, attr, value = _unpack("<BBH", body, pos)
+    end = len(body)
+    unpack_record = _RECORD.unpack_from
+    while pos + 4 <= end:
+        fmt, attr, value = unpack_record(body, pos)
         if fmt == _EIFMT_SVAL:
-            payload = body[pos + 4 : pos + 4 + value]
-            if len(payload) != value:
+            if pos + 4 + value > end:
                 raise ValueError(".nv.info record extends past its section")
-            pos += 4 + value
+            start = pos + 4
+            pos = start + value
         else:
-            payload = None
+            start = -1  # no payload
             pos += 4
         if owner is not None:
-            if attr in (_EIATTR_REQNTID, _EIATTR_MAX_THREADS) and payload and len(payload) >= 12:
-                dims = _unpack("<III", payload, 0)
-                if attr == _EIATTR_REQNTID:
-                    owner.reqntid = dims
-                else:
-                    owner.maxntid = dims
-            elif attr == _EIATTR_KPARAM_INFO and payload and len(payload) >= 12:
-                _index, ordinal, offset, flags = _unpack("<IHHI", payload, 0)
-                owner.params.append((ordinal, offset, flags >> 18))
-            elif attr == _EIATTR_CBANK_PARAM_SIZE and payload is None:
+            if attr == _EIATTR_REQNTID or attr == _EIATTR_MAX_THREADS:
+                if start >= 0 and value >= 12:
+                    dims = _DIMS.unpack_from(body, start)
+                    if attr == _EIATTR_REQNTID:
+                        owner.reqntid = dims
+                    else:
+                        owner.maxntid = dims
+            elif attr == _EIATTR_KPARAM_INFO:
+                if start >= 0 and value >= 12:
+                    _index, ordinal, offset, flags = _KPARAM.unpack_from(body, start)
+                    owner.params.append((ordinal, offset, flags >> 18))
+            elif attr == _EIATTR_CBANK_PARAM_SIZE and start < 0:
                 owner.param_bytes = value
-        elif attr == _EIATTR_REGCOUNT and payload and len(payload) >= 8:
-            symbol, count = _unpack("<II", payload, 0)
-            if symbol < len(symbols) and symbols[symbol] in entries:
-                entries[symbols[symbol]].registers = count
+        elif attr == _EIATTR_REGCOUNT and start >= 0 and value >= 8:
+            symbol, count = _REGCOUNT.unpack_from(body, start)
+            if symbol < len(symbols):
+                entry = entries.get(_cstring(data, symbols[symbol]))
+                if entry is not None:
+                    entry.registers = count

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from functools import cached_property
 
 from ..errors import ArgumentError
 from ..kernels.record import ParamRecord
@@ -39,35 +40,54 @@ class ArgBinder:
                  allow_cpu: bool = False):
         """`size_sources`: (argument index, mode) of each plan size `fast_bind` returns.
         `allow_cpu` lets `fast_bind` accept CPU tensors (device -1): only for testing the
-        generated checks on a machine without a GPU; a launch never sets it."""
+        generated checks on a machine without a GPU; a launch never sets it.
+
+        Builds the text of the generated checks (`_checks`) and nothing else: `fast_bind` is
+        compiled on first use, the hot path (`compile_fast_launch`) when a handle first runs on
+        a device."""
         self.owner = owner
         self.args = args
         import torch
 
-        self._tensor_type = torch.Tensor
+        self._tensor_types = (torch.Tensor, torch.nn.Parameter)
         self._dtypes = {a.name: _torch_dtype(a.dtype) for a in args if isinstance(a, TensorArg)}
-
+        self._min_device = -1 if allow_cpu else 0
         # The hot path: straight-line code generated for this argument spec.
         self.atoms: dict[tuple[int, str, int], str] = {}
-        self.fast_bind = self._compile_fast_bind(size_sources, -1 if allow_cpu else 0)
+        self._generate_checks(size_sources)
 
-    def _compile_fast_bind(self, size_sources, min_device: int):
-        """Generate `fast_bind(values) -> (device, sizes, atoms) | None`.
+    @cached_property
+    def fast_bind(self):
+        """`fast_bind(values) -> (device, sizes, atoms) | None`: the generated checks of the hot
+        path, returning what they read (see `_generate_checks`); compiled on first use (the
+        handle's hot path does not call it: tests and benchmarks do)."""
+        sizes = "".join(s + ", " for s in self._size_exprs)
+        source = "\n".join(["def fast_bind(values):", *self._checks[:self._device_line],
+                            f"    if dev < {self._min_device}: return None",
+                            *self._checks[self._device_line:],
+                            f"    return dev, ({sizes}), ({''.join(x + ', ' for x in self._atom_exprs)})"])
+        self.fast_source = source
+        return self._exec(source, "fast_bind", {})
 
-        The function is straight-line Python with every expected dtype, extent, stride and
-        alignment inlined: one attribute read per fact, no loops, no per-call allocation but the
-        result tuples. It accepts exactly the well-formed calls; anything else (wrong count,
-        dtype, shape, device, alignment, a CPU tensor, a size-1 extent with an odd stride...)
-        returns None, and the caller runs `bind`, which raises the precise error or accepts
-        the unusual but valid form. `atoms` holds, in `self.atoms` order, each tensor's data
-        pointer, each scalar's value, and each dynamic extent and stride (the values kernel
-        parameters carry); `sizes` holds the extents named by `size_sources` ((argument, mode)
-        pairs).
+    def _generate_checks(self, size_sources) -> None:
+        """Generate the straight-line checks of a call (`self._checks`, Python source lines).
+
+        Every expected dtype, extent, stride and alignment is inlined: one attribute read per
+        fact, no loops, no per-call allocation. The lines accept exactly the well-formed calls;
+        anything else (wrong count, dtype, shape, device, alignment, a size-1 extent with an odd
+        stride...) reaches `return None`, and the caller runs `bind`, which raises the precise
+        error or accepts the unusual but valid form. A tensor is a torch.Tensor or an
+        nn.Parameter (module weights), never another subclass. The lines leave `dev` (the first
+        tensor's device index, -1 for a CPU tensor: the hot path refuses it because no launcher
+        is resolved for device -1, `fast_bind` by a check of its own), and what kernel
+        parameters carry: each tensor's data pointer, each scalar's value, each dynamic extent
+        and stride (`self._atom_exprs`, in `self.atoms` order), and the extents named by
+        `size_sources` ((argument, mode) pairs; `self._size_exprs`).
         `self.atoms` maps (argument index, kind, mode) to the expression a packer reads it by.
         """
         lines = [f"    if len(values) != {len(self.args)}: return None",
                  f"    ({''.join(f'v{i}, ' for i in range(len(self.args)))}) = values"]
-        env = {"T": self._tensor_type}
+        env = {"T": self._tensor_types[0], "PARAM": self._tensor_types[1]}
         atoms: list[str] = []
         first_use: dict[str, str] = {}  # dim name -> the expression of its first extent
         seen_device = False
@@ -91,13 +111,15 @@ class ArgBinder:
                 atom((i, "scalar", 0), v)
                 continue
             env[f"D{i}"] = self._dtypes[a.name]
+            # type() first: plain tensors pass with one comparison
+            is_tensor = f"(type({v}) is T or type({v}) is PARAM)"
             if not seen_device:
-                lines.append(f"    if type({v}) is not T or {v}.dtype is not D{i}: return None")
+                lines.append(f"    if not {is_tensor} or {v}.dtype is not D{i}: return None")
                 lines.append(f"    dev = {v}.get_device()")
-                lines.append(f"    if dev < {int(min_device)}: return None")
+                device_line = len(lines)
                 seen_device = True
             else:
-                lines.append(f"    if type({v}) is not T or {v}.dtype is not D{i} or "
+                lines.append(f"    if not {is_tensor} or {v}.dtype is not D{i} or "
                              f"{v}.get_device() != dev: return None")
             static = not any(isinstance(d, Dim) for d in a.shape)
             if static and tuple(a.stride) == _contiguous(tuple(a.shape)):
@@ -149,26 +171,22 @@ class ArgBinder:
             atom((i, "ptr", 0), f"p{i}")
         if not seen_device:
             lines.append("    return None")
+            device_line = len(lines)
         # The atoms as the parameters (a0, a1, ...) of a generated launcher; constants as is.
         self.atom_names = {k: f"a{x[2:-1]}" if x.startswith("a[") else x
                            for k, x in self.atoms.items()}
-        # Kept for `compile_fast_launch`, which generates the same checks in front of a launch.
-        self._checks, self._env = lines, env
+        self._checks, self._env, self._device_line = lines, env, device_line
         self._atom_exprs = atoms
         self.atom_count = len(atoms)
         self._size_exprs = [raw[(i, "extent", m)] for i, m in size_sources]
-        sizes = "".join(s + ", " for s in self._size_exprs)
-        source = "\n".join(["def fast_bind(values):", *lines,
-                            f"    return dev, ({sizes}), ({''.join(x + ', ' for x in atoms)})"])
-        self.fast_source = source
-        return self._exec(source, "fast_bind", {})
 
     def compile_fast_launch(self, launchers: dict, stream):
         """Generate `fast_launch(values) -> bool`, the whole hot path of a repeated call: the
-        checks of `fast_bind`, then the launcher resolved for (device, *sizes) in `launchers`,
+        checks (`_checks`), then the launcher resolved for (device, *sizes) in `launchers`,
         called as `launcher(stream(device), *atoms)`. Returns False, having launched nothing,
         when a check fails or no launcher is resolved yet (the caller then takes the checked
-        path, which resolves one); no tuple is built but the lookup key."""
+        path, which resolves one); no tuple is built but the lookup key. A CPU tensor (device
+        -1) finds no launcher: `launchers` holds only the devices calls were resolved for."""
         key = "".join(f", {s}" for s in self._size_exprs)
         atoms = "".join(f", {x}" for x in self._atom_exprs)
         lines = [line.replace("return None", "return False") for line in self._checks]
@@ -319,8 +337,8 @@ class ParamPacker:
 
     def __init__(self, positions: dict[str, int], params: tuple[ParamRecord, ...]):
         """`positions`: argument name -> its index in the values passed to `values` (call
-        arguments, then workspace); `compile` generates the hot path's pack from the same
-        layout."""
+        arguments, then workspace); `exprs` gives the same layout as expressions, which the
+        handle's generated launchers pack with."""
         fmt = "<"
         offset = 0
         offsets = []
@@ -365,7 +383,8 @@ class ParamPacker:
     def compile(self, atoms: dict[tuple[int, str, int], str], workspace_start: int):
         """Generate `pack(a, ws) -> kernelParams address` for `ArgBinder.fast_bind`'s atoms `a`
         (`atoms`: the binder's expression of each (argument, kind, mode)) and the workspace
-        pointers `ws` (values from index `workspace_start` on). One struct call, no loop."""
+        pointers `ws` (values from index `workspace_start` on). One struct call, no loop.
+        Built only when asked (tests and tools): a handle's launchers inline the same pack."""
         exprs = self.exprs(atoms, workspace_start)
         env = {"pack_into": self.struct.pack_into, "buf": self.buffer, "address": self.address}
         source = (f"def pack(a, ws):\n    pack_into(buf, 0, {''.join(e + ', ' for e in exprs)})\n"

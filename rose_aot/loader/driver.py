@@ -6,7 +6,7 @@ machine without a driver.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, partial
 
 from ..errors import DeviceError
 
@@ -20,6 +20,10 @@ __all__ = [
     "sm_count",
     "function_param_info",
     "launcher",
+    "LAUNCH_APIS",
+    "launch_api",
+    "set_launch_api",
+    "stream_object",
     "PreparedLaunch",
     "raise_launch_error",
 ]
@@ -137,6 +141,56 @@ _ATTR_COOPERATIVE = 2
 _ATTR_CLUSTER_DIMENSION = 4
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
+# How a prepared launch reaches the driver:
+#   "ctypes-ex"    cuLaunchKernelEx through ctypes: a preallocated C CUlaunchConfig (the stream
+#                  written into it per call) and the other arguments prebuilt C values;
+#   "bindings"     cuLaunchKernel through cuda.bindings' wrapper; launches without attributes
+#                  only (it has no place for them);
+#   "bindings-ex"  cuLaunchKernelEx through cuda.bindings' wrapper and its CUlaunchConfig.
+# Which one a launch takes: `launch_api()`; benchmarks/launch_overhead.py measures them all.
+LAUNCH_APIS = ("ctypes-ex", "bindings", "bindings-ex")
+# The 2026-11-30 H200 figures (benchmarks/results/overhead-h200.log): cuLaunchKernel through
+# cuda.bindings 3.92 us, cuLaunchKernelEx through ctypes 4.21, with the Python side of the two
+# within 0.05 us of each other on a CPU (a stub driver): cuLaunchKernel is the cheaper entry.
+_launch_api = {"plain": "bindings", "attributed": "ctypes-ex"}
+
+
+def launch_api() -> dict:
+    """{"plain": API of launches without attributes, "attributed": API of launches with
+    programmatic dependent launch, cooperative or cluster attributes} (see LAUNCH_APIS)."""
+    return dict(_launch_api)
+
+
+def set_launch_api(plain: str | None = None, attributed: str | None = None) -> dict:
+    """Choose the API of launches prepared from now on (benchmarks compare them; a handle keeps
+    the launches it resolved before). Returns the previous choice."""
+    from ..errors import ArgumentError
+
+    before = launch_api()
+    if plain is not None and plain not in LAUNCH_APIS:
+        raise ArgumentError(f"launch API {plain!r} is not one of {', '.join(LAUNCH_APIS)}")
+    if attributed is not None and attributed not in ("ctypes-ex", "bindings-ex"):
+        raise ArgumentError(
+            f"launch API {attributed!r} cannot launch with attributes; use ctypes-ex or bindings-ex"
+        )
+    _launch_api.update({k: v for k, v in (("plain", plain), ("attributed", attributed)) if v})
+    return before
+
+
+# Raw stream -> its cuda.bindings CUstream (the "bindings" APIs take the object; making one
+# costs more than looking it up). Bounded: an engine uses a handful of streams.
+STREAM_OBJECTS: dict[int, object] = {}
+_MAX_STREAM_OBJECTS = 256
+
+
+def stream_object(stream: int):
+    """The CUstream of a raw stream, cached in STREAM_OBJECTS."""
+    cu = driver()
+    if len(STREAM_OBJECTS) >= _MAX_STREAM_OBJECTS:
+        STREAM_OBJECTS.clear()
+    obj = STREAM_OBJECTS[stream] = cu.CUstream(stream)
+    return obj
+
 
 @cache
 def _ex_types():
@@ -154,31 +208,34 @@ def _ex_types():
                     ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
                     ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
-    # The config is passed as an address (c_void_p): no per-call pointer conversion.
-    launch = _entry_point("cuLaunchKernelEx", ctypes.c_void_p, ctypes.c_void_p,
-                          ctypes.c_void_p, ctypes.c_void_p)
+    # Declared without argument types and called with prebuilt c_void_p values (and None for
+    # NULL): ctypes passes those as they are, with no per-call conversion of Python ints.
+    launch = _entry_point("cuLaunchKernelEx")
     return LaunchAttribute, LaunchConfig, launch
 
 
 class PreparedLaunch:
-    """One launch of a resolved plan, ready for cuLaunchKernelEx: the function, grid, block,
-    shared memory and attributes (programmatic dependent launch, cooperative, cluster) are set
-    once in a preallocated CUlaunchConfig. Per call only the stream is written:
+    """One launch of a resolved plan: the function, grid, block, shared memory and attributes
+    (programmatic dependent launch, cooperative, cluster) set up once for its API (`api`, one
+    of LAUNCH_APIS; by default `launch_api()`'s choice for a launch with or without
+    attributes). Per call only the stream and the kernelParams address are given:
 
-        prepared.config.hStream = stream
-        code = prepared.call(kernel_params, None)
+        code = prepared(stream, kernel_params)       # 0 or a CUresult code
 
-    (the handle's hot path does exactly this, inline). Not thread-safe on its own: callers hold
-    the handle's lock, as for the parameter buffer."""
+    The handle's generated launchers inline the same call for a fixed kernelParams address
+    (`bind`): per API
 
-    __slots__ = ("config", "call", "_attrs", "function", "grid", "block", "smem", "attributes")
+        "ctypes-ex":   config.hStream = stream; code = call()
+        "bindings":    code = call(stream_object, kernel_params, 0)[0]
+        "bindings-ex": config.hStream = stream_object; code = call()[0]
+
+    Not thread-safe on its own: callers hold the handle's lock, as for the parameter buffer."""
+
+    __slots__ = ("api", "config", "_attrs", "_launch", "function", "grid", "block", "smem",
+                 "attributes")
 
     def __init__(self, function: int, grid, block, smem: int, *, pdl: bool = False,
-                 cooperative: bool = False, cluster=(1, 1, 1)):
-        import ctypes
-        from functools import partial
-
-        LaunchAttribute, LaunchConfig, launch = _ex_types()
+                 cooperative: bool = False, cluster=(1, 1, 1), api: str | None = None):
         attrs = []
         if pdl:
             attrs.append((_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)))
@@ -186,31 +243,93 @@ class PreparedLaunch:
             attrs.append((_ATTR_COOPERATIVE, (1,)))
         if tuple(cluster) != (1, 1, 1):
             attrs.append((_ATTR_CLUSTER_DIMENSION, tuple(cluster)))
+        if api is None:
+            api = _launch_api["attributed" if attrs else "plain"]
+        if api not in LAUNCH_APIS or (api == "bindings" and attrs):
+            from ..errors import ArgumentError
+
+            raise ArgumentError(
+                f"launch API {api!r} cannot make this launch (attributes {[a for a, _ in attrs]}); "
+                f"the APIs are {', '.join(LAUNCH_APIS)}, and only the -ex ones take attributes"
+            )
+        self.api = api
+        self.function, self.grid, self.block, self.smem = function, tuple(grid), tuple(block), smem
+        self.attributes = tuple(ident for ident, _ in attrs)
+        if api == "ctypes-ex":
+            self._prepare_ctypes(attrs)
+        elif api == "bindings-ex":
+            self._prepare_bindings_ex(attrs)
+        else:
+            cu = driver()
+            self.config, self._attrs = None, None
+            self._launch = partial(cu.cuLaunchKernel, cu.CUfunction(function), *self.grid,
+                                   *self.block, smem)
+
+    def _prepare_ctypes(self, attrs) -> None:
+        import ctypes
+
+        LaunchAttribute, LaunchConfig, launch = _ex_types()
         self._attrs = (LaunchAttribute * max(1, len(attrs)))()
         for slot, (ident, values) in zip(self._attrs, attrs):
             slot.id = ident
             for i, v in enumerate(values):
                 slot.value[i] = v
         c = self.config = LaunchConfig()
-        c.gridDimX, c.gridDimY, c.gridDimZ = grid
-        c.blockDimX, c.blockDimY, c.blockDimZ = block
-        c.sharedMemBytes = smem
+        c.gridDimX, c.gridDimY, c.gridDimZ = self.grid
+        c.blockDimX, c.blockDimY, c.blockDimZ = self.block
+        c.sharedMemBytes = self.smem
         c.attrs = ctypes.cast(self._attrs, ctypes.POINTER(LaunchAttribute))
         c.numAttrs = len(attrs)
-        self.call = partial(launch, ctypes.addressof(c), function)
-        self.function, self.grid, self.block, self.smem = function, tuple(grid), tuple(block), smem
-        self.attributes = tuple(ident for ident, _ in attrs)
+        self._launch = partial(launch, ctypes.c_void_p(ctypes.addressof(c)),
+                               ctypes.c_void_p(self.function))
+
+    def _prepare_bindings_ex(self, attrs) -> None:
+        cu = driver()
+        c = self.config = cu.CUlaunchConfig()
+        c.gridDimX, c.gridDimY, c.gridDimZ = self.grid
+        c.blockDimX, c.blockDimY, c.blockDimZ = self.block
+        c.sharedMemBytes = self.smem
+        self._attrs = []
+        for ident, values in attrs:
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID(ident)
+            if ident == _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION:
+                a.value.programmaticStreamSerializationAllowed = values[0]
+            elif ident == _ATTR_COOPERATIVE:
+                a.value.cooperative = values[0]
+            else:
+                a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = values
+            self._attrs.append(a)
+        c.attrs = self._attrs
+        c.numAttrs = len(self._attrs)
+        self._launch = partial(cu.cuLaunchKernelEx, c, cu.CUfunction(self.function))
 
     def bind(self, kernel_params: int):
-        """The launch as a call without arguments, for a fixed kernelParams address (a
-        ParamPacker's): the generated launchers call it after writing the stream."""
-        from functools import partial
+        """The driver call for a fixed kernelParams address (a ParamPacker's), as the generated
+        launchers make it (see the class doc): "ctypes-ex" and "bindings-ex" take no argument,
+        "bindings" takes (stream object, kernel_params, 0) (prebinding the trailing arguments
+        would cost a call)."""
+        import ctypes
 
-        return partial(self.call, kernel_params, None)
+        if self.api == "ctypes-ex":
+            return partial(self._launch, ctypes.c_void_p(kernel_params), None)
+        if self.api == "bindings-ex":
+            return partial(self._launch, kernel_params, 0)
+        return self._launch
 
-    def __call__(self, stream: int, params: int) -> int:
-        self.config.hStream = stream
-        return self.call(params, None)
+    def __call__(self, stream: int, kernel_params: int) -> int:
+        import ctypes
+
+        if self.api == "ctypes-ex":
+            self.config.hStream = stream
+            return self._launch(ctypes.c_void_p(kernel_params), None)
+        obj = STREAM_OBJECTS.get(stream)
+        if obj is None:
+            obj = stream_object(stream)
+        if self.api == "bindings-ex":
+            self.config.hStream = obj
+            return int(self._launch(kernel_params, 0)[0])
+        return int(self._launch(obj, kernel_params, 0)[0])
 
 
 def raise_launch_error(code: int, what: str):

@@ -61,6 +61,9 @@ class KernelBundle:
         self._points: dict[tuple[str, str], dict] = {}
         self._records: dict[tuple[str, str], PointRecord] = {}
         points = index.get("points", [])
+        # Argument -> its packing: points share many argument specs (a ParamRecord takes longer
+        # to derive than to look up).
+        self._packings: dict = {}
         if not isinstance(points, list):
             raise BundleError(f"{self.path}: the index's points are not a list; {_REBUILD}")
         for point in points:
@@ -122,7 +125,12 @@ class KernelBundle:
         # The record is self-consistent: each parameter is the packing of the argument it
         # names (a loader packs exactly what the record says, so a mismatch would corrupt
         # the launch rather than fail it).
-        packings = {a.name: ParamRecord.of(a) for a in (*record.args, *record.workspace)}
+        packings = {}
+        for a in (*record.args, *record.workspace):
+            packing = self._packings.get(a)
+            if packing is None:
+                packing = self._packings[a] = ParamRecord.of(a)
+            packings[a.name] = packing
         for variant in record.variants:
             for param in variant.params:
                 if packings.get(param.name) != param:
@@ -241,37 +249,40 @@ class KernelBundle:
     def device_kernels(self, device: int, key: str, variant_name: str) -> list:
         """CUfunction handles of one variant's entries, loaded into `device`'s context."""
         arch = self.arch_for_device(device)
+        kernels = self._device_kernels.get((device, key, arch, variant_name))
+        if kernels is not None:
+            return kernels
+        import torch
+
+        with self._lock, torch.cuda.device(device):
+            torch.cuda.current_stream(device)  # makes the primary context current
+            return self._load_kernels(device, key, arch, variant_name)
+
+    def _load_kernels(self, device: int, key: str, arch: str, variant_name: str) -> list:
+        """device_kernels' work, with the bundle's lock held and `device`'s context current."""
         cache_key = (device, key, arch, variant_name)
         kernels = self._device_kernels.get(cache_key)
         if kernels is not None:
             return kernels
-        with self._lock:
-            kernels = self._device_kernels.get(cache_key)
-            if kernels is not None:
-                return kernels
-            point = self._points.get((key, arch))
-            if point is None:
-                raise KernelNotFoundError(
-                    key, [], f"the bundle has it for {self._archs_of(key)} but cuda:{device} "
-                    f"needs {arch}"
-                )
-            raw = next(v for v in point["variants"] if v["name"] == variant_name)
-            record = self._records[(key, arch)].variant(variant_name)
-            lib = self._library(key, arch, raw)
-            kernels = []
-            import torch
-
-            with torch.cuda.device(device):
-                torch.cuda.current_stream(device)  # makes the primary context current
-                for entry in record.entries:
-                    kernel = driver.get_kernel(lib, entry)
-                    if record.smem > 48 * 1024:
-                        driver.set_max_dynamic_smem(kernel, device, record.smem, entry)
-                    # The context's own function: loads the module into this device's context now
-                    # (not at the first launch) and spares the driver a per-launch lookup.
-                    kernels.append(driver.kernel_function(kernel, entry))
-            self._device_kernels[cache_key] = kernels
-            return kernels
+        point = self._points.get((key, arch))
+        if point is None:
+            raise KernelNotFoundError(
+                key, [], f"the bundle has it for {self._archs_of(key)} but cuda:{device} "
+                f"needs {arch}"
+            )
+        raw = next(v for v in point["variants"] if v["name"] == variant_name)
+        record = self._records[(key, arch)].variant(variant_name)
+        lib = self._library(key, arch, raw)
+        kernels = []
+        for entry in record.entries:
+            kernel = driver.get_kernel(lib, entry)
+            if record.smem > 48 * 1024:
+                driver.set_max_dynamic_smem(kernel, device, record.smem, entry)
+            # The context's own function: loads the module into this device's context now
+            # (not at the first launch) and spares the driver a per-launch lookup.
+            kernels.append(driver.kernel_function(kernel, entry))
+        self._device_kernels[cache_key] = kernels
+        return kernels
 
     def sm_count(self, device: int) -> int:
         """The device's SM count (cuDeviceGetAttribute), read once: plans size cooperative and
@@ -303,11 +314,14 @@ class KernelBundle:
         device = torch.cuda.current_device() if device is None else device
         arch = self.arch_for_device(device)
         count = 0
-        for (key, a), point in sorted(self._points.items()):
-            if a != arch:
-                continue
-            for v in point["variants"]:
-                count += len(self.device_kernels(device, key, v["name"]))
+        # One switch to the device's context for every load (not one per variant).
+        with self._lock, torch.cuda.device(device):
+            torch.cuda.current_stream(device)  # makes the primary context current
+            for (key, a), point in sorted(self._points.items()):
+                if a != arch:
+                    continue
+                for v in point["variants"]:
+                    count += len(self._load_kernels(device, key, arch, v["name"]))
         return count
 
     def describe(self) -> dict:
@@ -352,7 +366,12 @@ class KernelHandle:
     and the variant for the runtime sizes and the device's SM count. The hot path: one pass of
     cheap checks over the arguments (the detailed checker runs only when one fails, to raise a
     precise error), a dict lookup of the plan already resolved for (device, sizes), one struct
-    pack per launch and the driver call.
+    pack per launch and the driver call (through the API `driver.launch_api()` chose when the
+    size was resolved).
+
+    Making a handle generates no code: an arch's checks, parameter buffers and hot path are
+    built when a device of that arch first runs the handle, a launcher when a size is first
+    resolved.
     """
 
     def __init__(self, bundle: KernelBundle, family, config):
@@ -360,39 +379,29 @@ class KernelHandle:
         self.family = family
         self.config = config
         self.key = family.key(config)
-        # Per arch the bundle has this point for: (record, binder, packers by variant,
-        # where each plan size is read from).
+        # Per arch the bundle has this point for: its record and where each plan size is read
+        # from; the rest of an arch's state (`_arch`) is built when a device of it is first used.
+        self._records: dict[str, tuple] = {}
+        for (key, arch), record in sorted(bundle._records.items()):
+            if key == self.key:
+                sources = [_size_source(record.args, size) for size in family.size_names]
+                self._records[arch] = (record, sources)
+        # Per arch: (record, binder, packers by variant, size sources).
         self._arch_state: dict[str, tuple] = {}
         self._raw_stream = _stream_getter()
-        # Per arch: the launchers resolved for (device, *sizes) and the generated hot path
-        # that checks a call and runs its launcher (ArgBinder.compile_fast_launch).
+        # Per arch: the launchers resolved for (device, *sizes), which the generated hot path
+        # (ArgBinder.compile_fast_launch) looks up.
         self._launchers: dict[str, dict[tuple, object]] = {}
-        self._fast_launches: dict[str, object] = {}
-        for (key, arch), record in sorted(bundle._records.items()):
-            if key != self.key:
-                continue
-            size_sources = [_size_source(record.args, size) for size in family.size_names]
-            binder = ArgBinder(self.key, record.args, size_sources)
-            positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
-            packers = {}
-            for v in record.variants:
-                packer = ParamPacker(positions, v.params)
-                packers[v.name] = (packer, packer.compile(binder.atoms, len(record.args)))
-            self._arch_state[arch] = (record, binder, packers, size_sources)
-            self._launchers[arch] = {}
-            self._fast_launches[arch] = binder.compile_fast_launch(self._launchers[arch],
-                                                                   self._raw_stream)
-        any_state = next(iter(self._arch_state.values()))
-        self._names = tuple(a.name for a in any_state[0].args)
-        self._any_binder = any_state[1]
-        self._has_workspace = bool(any_state[0].workspace)
+        any_record = next(iter(self._records.values()))[0]
+        self._names = tuple(a.name for a in any_record.args)
+        self._has_workspace = bool(any_record.workspace)
         self._device_state: dict[int, tuple] = {}
         self._device_arch: dict[int, str] = {}
         # The hot path: that of the first arch a device used (a process with GPUs of two archs
         # takes the checked path on the second; its launchers are in another arch's dict).
         self._fast_launch = _refuse
         self._fast_arch: str | None = None
-        self._factories: dict[tuple, object] = {}  # (arch, variants) -> launcher factory
+        self._factories: dict[tuple, object] = {}  # (arch, variants, APIs) -> launcher factory
         self._workspaces: dict[tuple[int, int], list] = {}
         self._workspace_ptrs: dict[tuple[int, int], tuple[int, ...]] = {}
         self._resolved: dict[tuple, tuple] = {}
@@ -409,21 +418,46 @@ class KernelHandle:
         """The record this handle launches from on `device`."""
         return self._state(device)[0]
 
+    def _arch(self, arch: str) -> tuple:
+        """(record, binder, packers by variant, size sources) of one arch, built on first use:
+        the argument checks' text and one parameter buffer per variant."""
+        state = self._arch_state.get(arch)
+        if state is None:
+            with self._lock:
+                state = self._arch_state.get(arch)
+                if state is None:
+                    record, sources = self._records[arch]
+                    positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
+                    packers = {v.name: ParamPacker(positions, v.params) for v in record.variants}
+                    state = (record, ArgBinder(self.key, record.args, sources), packers, sources)
+                    self._launchers[arch] = {}
+                    self._arch_state[arch] = state
+        return state
+
+    @property
+    def _any_binder(self) -> ArgBinder:
+        """The binder of an arch this handle has (checks that need no device)."""
+        return self._arch(next(iter(self._records)))[1]
+
     def _state(self, device: int) -> tuple:
         state = self._device_state.get(device)
         if state is None:
             arch = self.bundle.arch_for_device(device)
-            if arch not in self._arch_state:
+            if arch not in self._records:
                 raise KernelNotFoundError(
                     self.key, [], f"the bundle has it for {self.bundle._archs_of(self.key)} but "
                     f"cuda:{device} needs {arch}"
                 )
-            state = (*self._arch_state[arch], self.bundle.sm_count(device))
-            self._device_state[device] = state
-            self._device_arch[device] = arch
-            if self._fast_arch is None:
-                self._fast_arch = arch
-                self._fast_launch = self._fast_launches[arch]
+            arch_state = self._arch(arch)
+            state = (*arch_state, self.bundle.sm_count(device))
+            with self._lock:
+                self._device_state[device] = state
+                self._device_arch[device] = arch
+                if self._fast_arch is None:
+                    self._fast_arch = arch
+                    binder = arch_state[1]
+                    self._fast_launch = binder.compile_fast_launch(self._launchers[arch],
+                                                                   self._raw_stream)
         return state
 
     def _binder_for(self, values: tuple):
@@ -453,9 +487,8 @@ class KernelHandle:
         return self.family.plan(self.config, record.by_name, sizes, sm_count, variant)
 
     def _resolve(self, device: int, sizes: tuple, variant: str | None) -> tuple:
-        """The plan for (device, sizes): per launch its prepared driver launch (function, grid,
-        block, shared memory and attributes from the record), the packer's generated pack
-        function, the packer and the variant name."""
+        """The plan for (device, sizes): per launch (packer, variant name, prepared driver
+        launch: function, grid, block, shared memory and attributes from the record)."""
         record, _, packers, _, sm_count = self._state(device)
         plan = self.family.plan(
             self.config, record.by_name, dict(zip(self.family.size_names, sizes)), sm_count, variant
@@ -471,37 +504,44 @@ class KernelHandle:
                 int(kernel), launch.grid, v.block, v.smem, pdl=pdl, cooperative=v.cooperative,
                 cluster=v.cluster,
             )
-            packer, pack = packers[launch.variant]
-            resolved.append((prepared.config, prepared.call, pack, packer, launch.variant, prepared))
+            resolved.append((packers[launch.variant], launch.variant, prepared))
         resolved = tuple(resolved)
         if len(self._resolved) > 1024:  # bound the cache for engines with unbounded sizes
-            self._resolved.clear()
-            for launchers in self._launchers.values():
-                launchers.clear()  # in place: the generated hot paths hold these dicts
+            self._forget_resolved()
         self._resolved[(device, sizes, variant)] = resolved
         if variant is None:  # the hot path runs the plan's own choice only
             arch = self._device_arch[device]
             self._launchers[arch][(device, *sizes)] = self._launcher(device, arch, resolved)
         return resolved
 
+    def _forget_resolved(self) -> None:
+        """Drop every resolved plan and launcher: the next call of each size resolves again
+        (with the driver API `driver.launch_api()` chooses then)."""
+        self._resolved.clear()
+        for launchers in self._launchers.values():
+            launchers.clear()  # in place: the generated hot path holds these dicts
+
     def _launcher(self, device: int, arch: str, resolved: tuple):
         """`go(stream, *atoms)`: the resolved launches as one generated function (every
-        parameter buffer packed, then per launch the stream written and the driver called,
-        under the handle's lock). The code is generated once per (arch, variants) and bound
-        here to this plan's prepared launches."""
-        names = tuple(r[4] for r in resolved)
-        make = self._factories.get((arch, names))
+        parameter buffer packed, then per launch the driver called on the stream, under the
+        handle's lock). The code is generated once per (arch, variants, driver APIs) and bound
+        here to this plan's buffers and prepared launches."""
+        names = tuple(name for _, name, _ in resolved)
+        apis = tuple(prepared.api for _, _, prepared in resolved)
+        make = self._factories.get((arch, names, apis))
         if make is None:
-            record, binder, packers, _ = self._arch_state[arch]
-            fields = [packers[n][0].exprs(binder.atom_names, len(record.args)) for n in names]
-            make = _launcher_factory(self.key, fields, binder.atom_count, bool(record.workspace))
-            self._factories[(arch, names)] = make
+            record, binder, packers, _ = self._arch(arch)
+            fields = [packers[n].exprs(binder.atom_names, len(record.args)) for n in names]
+            make = _launcher_factory(self.key, fields, binder.atom_count, bool(record.workspace),
+                                     apis)
+            self._factories[(arch, names, apis)] = make
         bound = []
-        for _config, _call, _pack, packer, _name, prepared in resolved:
+        for packer, _name, prepared in resolved:
             bound += [packer.struct.pack_into, packer.buffer, prepared.config,
-                      prepared.bind(packer.address)]
+                      prepared.bind(packer.address), packer.address]
         scratch = partial(self._scratch, device) if self._has_workspace else None
-        return make(self._lock, partial(self._launch_failed, names), scratch, *bound)
+        return make(self._lock.acquire, self._lock.release, partial(self._launch_failed, names),
+                    scratch, driver.STREAM_OBJECTS, driver.stream_object, *bound)
 
     def _launch_failed(self, names: tuple, code: int, index: int):
         driver.raise_launch_error(code, f"launching {self.key} ({names[index]})")
@@ -561,9 +601,8 @@ class KernelHandle:
         if self._has_workspace:
             values = [*values, *self._scratch(device, stream)]
         with self._lock:
-            for config, call, _pack, packer, name, _ in launches:
-                config.hStream = stream
-                code = call(packer.pack(packer.values(values, dims)), None)
+            for packer, name, prepared in launches:
+                code = prepared(stream, packer.pack(packer.values(values, dims)))
                 if code:
                     driver.raise_launch_error(code, f"launching {self.key} ({name})")
 
@@ -580,24 +619,41 @@ def _refuse(values):
     return False
 
 
-def _launcher_factory(owner: str, fields: list[list[str]], atoms: int, workspace: bool):
-    """Generate `make(lock, fail, scratch, *per launch: pack_into, buffer, config, call)`
-    returning `go(stream, a0, a1, ...)` for a plan of `len(fields)` launches; `fields[j]` are
-    launch j's parameter expressions (ArgBinder.atom_names, workspace `ws[k]`). Every buffer is
-    packed before the first driver call, so a value that does not fit its field (struct.error)
-    launches nothing."""
-    slots = "".join(f", P{j}, B{j}, C{j}, L{j}" for j in range(len(fields)))
+def _launcher_factory(owner: str, fields: list[list[str]], atoms: int, workspace: bool,
+                      apis: tuple[str, ...] | None = None):
+    """Generate `make(acquire, release, fail, scratch, streams, new_stream, *per launch:
+    pack_into, buffer, config, call, kernel_params)` returning `go(stream, a0, a1, ...)` for a
+    plan of `len(fields)` launches; `fields[j]` are launch j's parameter expressions
+    (ArgBinder.atom_names, workspace `ws[k]`), `apis[j]` its driver API (driver.LAUNCH_APIS;
+    default "ctypes-ex"), which says how `config` and `call` are used (driver.PreparedLaunch).
+    `streams` caches the driver's stream objects the "bindings" APIs take (`new_stream` makes
+    one). Every buffer is packed before the first driver call, so a value that does not fit its
+    field (struct.error) launches nothing; the lock is released whatever is raised."""
+    apis = tuple(apis or ("ctypes-ex",) * len(fields))
+    slots = "".join(f", P{j}, B{j}, C{j}, L{j}, A{j}" for j in range(len(fields)))
     params = "".join(f", a{i}" for i in range(atoms))
-    lines = [f"def make(lock, fail, scratch{slots}):", f"    def go(stream{params}):"]
+    lines = [f"def make(acquire, release, fail, scratch, streams, new_stream{slots}):",
+             f"    def go(stream{params}):"]
     if workspace:
         lines.append("        ws = scratch(stream)")
-    lines.append("        with lock:")
+    if any(api != "ctypes-ex" for api in apis):
+        lines += ["        cs = streams.get(stream)",
+                  "        if cs is None: cs = new_stream(stream)"]
+    # acquire/release: half the cost of `with lock` (measured), same guarantee with finally
+    lines += ["        acquire()", "        try:"]
     for j, exprs in enumerate(fields):
         lines.append(f"            P{j}(B{j}, 0, {''.join(e + ', ' for e in exprs)})")
-    for j in range(len(fields)):
-        lines += [f"            C{j}.hStream = stream", f"            code = L{j}()",
-                  f"            if code: fail(code, {j})"]
-    lines.append("    return go")
+    for j, api in enumerate(apis):
+        if api == "ctypes-ex":
+            lines += [f"            C{j}.hStream = stream", f"            code = L{j}()"]
+        elif api == "bindings-ex":
+            lines += [f"            C{j}.hStream = cs", f"            code = L{j}()[0]"]
+        elif api == "bindings":
+            lines.append(f"            code = L{j}(cs, A{j}, 0)[0]")
+        else:
+            raise ValueError(f"unknown launch API {api!r}")
+        lines.append(f"            if code: fail(code, {j})")
+    lines += ["        finally:", "            release()", "    return go"]
     env: dict = {}
     exec(compile("\n".join(lines), f"<rose_aot launcher {owner}>", "exec"), env)
     return env["make"]
