@@ -114,18 +114,21 @@ def read_cubin(data: bytes) -> dict[str, CubinEntry]:
     entries: dict[str, CubinEntry] = {}
     named = []  # (kind of section, entry name or "", section)
     for sec in sections:
-        offset = str_offset + sec[0]
-        check_string(offset)
-        if data.startswith(_TEXT, offset):
+        offset = str_offset + sec[0]  # >= 0: both are unsigned
+        if offset > last_nul:
+            check_string(offset)  # raises the error that fits
+        second = data[offset + 1] if offset < last_nul else 0  # ".t..." or ".n..." matter
+        if second == 0x74 and data.startswith(_TEXT, offset):
             entry = _cstring(data, offset + len(_TEXT))
             entries[entry] = CubinEntry(entry)
-        elif data.startswith(_SHARED, offset):
-            named.append(("shared", _cstring(data, offset + len(_SHARED)), sec))
-        elif data.startswith(_INFO, offset):
-            if data[offset + len(_INFO)] == 0:
-                named.append(("info", "", sec))
-            elif data.startswith(b".", offset + len(_INFO)):
-                named.append(("entry info", _cstring(data, offset + len(_INFO) + 1), sec))
+        elif second == 0x6E:
+            if data.startswith(_SHARED, offset):
+                named.append(("shared", _cstring(data, offset + len(_SHARED)), sec))
+            elif data.startswith(_INFO, offset):
+                if data[offset + len(_INFO)] == 0:
+                    named.append(("info", "", sec))
+                elif data.startswith(b".", offset + len(_INFO)):
+                    named.append(("entry info", _cstring(data, offset + len(_INFO) + 1), sec))
         if sec[1] == _SHT_SYMTAB:  # by type, whatever its name
             named.append(("symtab", "", sec))
     symbols: list[int] = []  # file offsets of the symbol names, decoded when used

@@ -149,9 +149,12 @@ _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 #   "bindings-ex"  cuLaunchKernelEx through cuda.bindings' wrapper and its CUlaunchConfig.
 # Which one a launch takes: `launch_api()`; benchmarks/launch_overhead.py measures them all.
 LAUNCH_APIS = ("ctypes-ex", "bindings", "bindings-ex")
-# The 2026-11-30 H200 figures (benchmarks/results/overhead-h200.log): cuLaunchKernel through
-# cuda.bindings 3.92 us, cuLaunchKernelEx through ctypes 4.21, with the Python side of the two
-# within 0.05 us of each other on a CPU (a stub driver): cuLaunchKernel is the cheaper entry.
+# The default: the 2026-11-30 H200 figures (benchmarks/results/overhead-h200.log) gave the same
+# prepacked launch 3.92 us through cuda.bindings' cuLaunchKernel and 4.21 through ctypes'
+# cuLaunchKernelEx, while the Python side of the two differs by less than 0.05 us on a CPU
+# (against a stub driver): the driver's cuLaunchKernel is the cheaper entry. Launches with
+# attributes need the -ex entry, whose ctypes call is the cheaper one on the CPU. To be
+# confirmed by launch_overhead.py's `apis` on the GPU.
 _launch_api = {"plain": "bindings", "attributed": "ctypes-ex"}
 
 
