@@ -339,6 +339,29 @@ def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid():
     assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "decode"
 
 
+def test_combine_plan_takes_split_wide_where_the_sweep_measured_it_fastest():
+    """tuning.py: top-2 from 16 tokens below one token per SM; top-4 where split's grid is over
+    its block limit; top-8 never; none of it from one token per SM on."""
+    a = ARCHS["sm_90a"]  # 132 SMs
+
+    def chosen(top_k, hidden, tokens):
+        c = COMBINE.make_config(top_k=top_k, hidden=hidden)
+        (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
+        chunks = _variants(COMBINE, c, a)[launch.variant].constants["chunks"]
+        assert launch.grid[0] == (tokens * chunks if "split" in launch.variant else launch.grid[0])
+        return launch.variant
+
+    assert [chosen(2, 7168, t) for t in (1, 8, 15, 16, 64, 131, 132)] == [
+        "split", "split", "split", "split_wide", "split_wide", "split_wide", "decode"]
+    assert chosen(2, 7168, 64) == "split_wide" and chosen(2, 2048, 128) == "split_wide"
+    # top-4, hidden 7168: split's 28 blocks per token fit 1056 up to 37 tokens
+    assert [chosen(4, 7168, t) for t in (16, 37, 38, 64, 128)] == [
+        "split", "split", "split_wide", "split_wide", "split_wide"]
+    assert [chosen(8, 7168, t) for t in (16, 37, 38, 64)] == ["split", "split", "decode", "decode"]
+    wide = _variants(COMBINE, COMBINE.make_config(top_k=2, hidden=7168), a)["split_wide"]
+    assert wide.constants["chunks"] == 7  # 896 vectors, 128 per one-warp block
+
+
 @pytest.mark.parametrize("force", ["decode", "prefill", "split", "split_wide"])
 def test_combine_every_variant_can_be_forced_at_any_size(force):
     c = COMBINE.make_config(top_k=4, hidden=1024)

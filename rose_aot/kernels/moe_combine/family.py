@@ -11,9 +11,9 @@ Work split as rms_norm's: a row of the output over whole warps, the arch's wides
 decode keeps one token per block with few vectors per thread, prefill several tokens per block.
 Below one token per SM, split gives each token's row to several one-warp blocks (grid = tokens x
 chunks of the row), so a decode step's few tokens use every SM (see tuning.py); split_wide
-does the same with 4 vectors per thread (a quarter of the blocks, for 38-131 tokens, where split
-exceeds its block limit; forced only until measured). All run the same device code, so their
-results are bitwise equal.
+does the same with 4 vectors per thread (a quarter of the blocks): the plan's choice for top-2
+from 16 tokens and for top-4 where split passes its block limit (tuning.py). All run the same
+device code, so their results are bitwise equal.
 """
 
 from __future__ import annotations
@@ -117,6 +117,9 @@ class MoeCombine(KernelFamily):
             1,
             chunks=-(-vectors // wide_chunk),
             pdl=PDL_MAX_THREADS,
+            wide_top_k=tuning.SPLIT_WIDE_TOP_K,
+            wide_min_tokens=tuning.SPLIT_WIDE_MIN_TOKENS,
+            wide_over_cap_top_k=tuning.SPLIT_WIDE_OVER_CAP_TOP_K,
         )
         return (decode, prefill, split, split_wide)
 
@@ -124,18 +127,19 @@ class MoeCombine(KernelFamily):
         self.check_force(force)
         tokens = sizes["tokens"]
         split = variants["split"].constants
-        if force is None:  # see tuning.py
-            use_split = (
-                tokens < sm_count * split["split_max_tokens_per_sm"]
-                and tokens * split["chunks"] <= sm_count * split["split_max_blocks_per_sm"]
-            )
-        else:
-            use_split = force == "split"
-        if use_split:
-            return (Launch("split", (tokens * split["chunks"], 1, 1)),) if tokens else ()
-        if force == "split_wide":  # measured forced only so far (tuning.py)
-            chunks = variants["split_wide"].constants["chunks"]
-            return (Launch("split_wide", (tokens * chunks, 1, 1)),) if tokens else ()
+        wide = variants["split_wide"].constants
+        choice = force
+        if force is None and tokens < sm_count * split["split_max_tokens_per_sm"]:  # tuning.py
+            over_cap = tokens * split["chunks"] > sm_count * split["split_max_blocks_per_sm"]
+            if c.top_k <= wide["wide_top_k"] and tokens >= wide["wide_min_tokens"]:
+                choice = "split_wide"
+            elif not over_cap:
+                choice = "split"
+            elif c.top_k <= wide["wide_over_cap_top_k"]:
+                choice = "split_wide"
+        if choice in ("split", "split_wide"):
+            chunks = variants[choice].constants["chunks"]
+            return (Launch(choice, (tokens * chunks, 1, 1)),) if tokens else ()
         decode = variants["decode"].constants
         use_decode = tokens * decode["warps_per_row"] <= sm_count * decode["decode_warps_per_sm"]
         return row_plan(variants, tokens, force, use_decode)

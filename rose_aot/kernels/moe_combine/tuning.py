@@ -23,7 +23,8 @@ stop paying for themselves. Hence at most 8 blocks per SM (1056 on an H200).
 
 from __future__ import annotations
 
-__all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM", "SPLIT_WIDE_VECS"]
+__all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM", "SPLIT_WIDE_VECS",
+           "SPLIT_WIDE_TOP_K", "SPLIT_WIDE_MIN_TOKENS", "SPLIT_WIDE_OVER_CAP_TOP_K"]
 
 # Warps per block of the split variant, one vector per thread and row: the smallest chunk, so a
 # single token's rows spread over the most SMs (28 blocks at hidden 7168 in bf16 on sm_90a).
@@ -33,7 +34,18 @@ SPLIT_MAX_TOKENS_PER_SM = 1
 # ...and while its grid has at most this many blocks per SM (measured: see above).
 SPLIT_MAX_BLOCKS_PER_SM = 8
 # Vectors per thread of the split_wide variant: 4 x fewer blocks than split, more loads in flight
-# per thread, for the token counts where split's grid passes its block limit but decode leaves
-# SMs idle (top-2 at 64-128 tokens ran 2-10% behind torch.compile with decode). Forced only
-# (the plan does not take it) until the combine sweep has measured it.
+# per thread (top-2 at 64-128 tokens ran 2-10% behind torch.compile with decode and split).
 SPLIT_WIDE_VECS = 4
+# The sweep with split_wide (`bash benchmarks/run_gpu.sh moe_sweep`, SWEEP_TOKENS=16,32,64,128,
+# H200, 2026-11-30, benchmarks/results/moe-combine-sweep-h200.{md,json}; every variant forced):
+# - top-2: split_wide was the fastest variant at 15 of the 16 points (hidden 2048-7168, 16-128
+#   tokens; the other a tie), e.g. hidden 7168 at 64 tokens 1.82 µs against decode 1.92, split
+#   2.84 and torch.compile 2.06; at 16-32 tokens of hidden 2048-4096 its grid is small enough for
+#   programmatic dependent launch (1.03-1.05 against 1.48-1.51 for split);
+# - top-4: where split passes its block limit (64-128 tokens at hidden 6144-7168) split_wide
+#   beat decode by 3-6% (hidden 7168, 64 tokens: 2.17 vs 2.31); at hidden 4096 and 128 tokens
+#   it lost 4% (2.35 vs 2.25), the one loss of the rule; below the limit split stays best;
+# - top-8: split or decode everywhere (split_wide 3-40% slower).
+SPLIT_WIDE_TOP_K = 2  # split_wide from SPLIT_WIDE_MIN_TOKENS tokens (below one token per SM)
+SPLIT_WIDE_MIN_TOKENS = 16  # below it the sweep of the previous session chose split (1-16 tokens)
+SPLIT_WIDE_OVER_CAP_TOP_K = 4  # split_wide instead of decode where split's grid is over its limit
