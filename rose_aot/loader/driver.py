@@ -149,12 +149,13 @@ _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 #   "bindings-ex"  cuLaunchKernelEx through cuda.bindings' wrapper and its CUlaunchConfig.
 # Which one a launch takes: `launch_api()`; benchmarks/launch_overhead.py measures them all.
 LAUNCH_APIS = ("ctypes-ex", "bindings", "bindings-ex")
-# The default: the 2026-11-30 H200 figures (benchmarks/results/overhead-h200.log) gave the same
-# prepacked launch 3.92 us through cuda.bindings' cuLaunchKernel and 4.21 through ctypes'
-# cuLaunchKernelEx, while the Python side of the two differs by less than 0.05 us on a CPU
-# (against a stub driver): the driver's cuLaunchKernel is the cheaper entry. Launches with
-# attributes need the -ex entry, whose ctypes call is the cheaper one on the CPU. To be
-# confirmed by launch_overhead.py's `apis` on the GPU.
+# The default came from the previous H200 run (the same prepacked launch 3.92 us through
+# cuda.bindings' cuLaunchKernel, 4.21 through ctypes' cuLaunchKernelEx). launch_overhead.py's
+# `apis` on two H200 hosts (2026-11-30, benchmarks/results/overhead-*.log) then put the full calls
+# of the three entries within 0.4 us of each other, in a different order on each host (plain:
+# ctypes-ex 10.97 / bindings 11.37 on one, 10.87 / 10.91 on the other): no entry is reliably
+# cheaper, so the default stays the one the GPU suite ran. Launches with attributes need an -ex
+# entry.
 _launch_api = {"plain": "bindings", "attributed": "ctypes-ex"}
 
 
