@@ -12,15 +12,17 @@ import pytest
 
 from rose_aot.bundle import BundleReader
 from rose_aot.bundle.cubin import CubinEntry, read_cubin
-
-_EIFMT_SVAL = 0x04
-_EIATTR_MAX_THREADS = 0x05
-_EIATTR_REQNTID = 0x10
-_EIATTR_KPARAM_INFO = 0x17
-_EIATTR_CBANK_PARAM_SIZE = 0x19
-_EIATTR_REGCOUNT = 0x2F
-_SHT_SYMTAB = 2
-_MAX_SECTIONS = 65536
+from rose_aot.bundle.cubin import (  # constants and the string helper: unchanged by the rewrite
+    _EIATTR_CBANK_PARAM_SIZE,
+    _EIATTR_KPARAM_INFO,
+    _EIATTR_MAX_THREADS,
+    _EIATTR_REGCOUNT,
+    _EIATTR_REQNTID,
+    _EIFMT_SVAL,
+    _MAX_SECTIONS,
+    _SHT_SYMTAB,
+)
+from rose_aot.bundle.cubin import _cstring as _ref_cstring
 
 
 # ------------------------------------------------------------------ the reference (unchanged)
@@ -31,15 +33,6 @@ def _ref_unpack(fmt: str, data: bytes, offset: int):
     if offset < 0 or offset + size > len(data):
         raise ValueError("truncated ELF structure")
     return struct.unpack_from(fmt, data, offset)
-
-
-def _ref_cstring(data: bytes, offset: int) -> str:
-    if not 0 <= offset < len(data):
-        raise ValueError("string offset outside the file")
-    end = data.find(b"\0", offset)
-    if end < 0:
-        raise ValueError("unterminated string")
-    return data[offset:end].decode("ascii", errors="replace")
 
 
 def _reference_read_cubin(data: bytes) -> dict[str, CubinEntry]:
