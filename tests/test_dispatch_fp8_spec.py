@@ -167,11 +167,13 @@ def fused_ptx(request):
 
 @pytest.mark.parametrize("variant", ["small", "decode", "prefill_copy"])
 def test_copies_quantize_with_fp8_group_quants_instructions(fused_ptx, variant):
-    """IEEE division and the saturating e4m3 conversion, as fp8_group_quant (bit-exact
-    results need the same instructions); group maxima by butterfly shuffles; e4m3 stored a
-    vector at a time; no local memory."""
+    """fp8_group_quant's arithmetic (bit-exact results need the same instructions): the scale's
+    IEEE division, the quotient (a reciprocal per group, fma per element) and the saturating
+    e4m3 conversion; group maxima by butterfly shuffles; e4m3 stored a vector at a time; no
+    local memory."""
     ptx = fused_ptx[variant]
     assert "div.rn.f32" in ptx and "div.approx" not in ptx and "div.full" not in ptx
+    assert "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert "shfl.sync.bfly.b32" in ptx
     assert not re.search(r"\.local|ld\.local|st\.local", ptx)
@@ -180,6 +182,21 @@ def test_copies_quantize_with_fp8_group_quants_instructions(fused_ptx, variant):
     assert f"ld.global.{width}.b32" in ptx
     store = r"st\.global\.v4\.b32" if fused_ptx["arch"] == "sm_100a" else r"st\.global\.(v2\.b32|v4\.b16)"
     assert re.search(store, ptx)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_padding_rows_store_zero_bytes_and_no_word_packs_one_half_twice(arch):
+    """With expert_alignment > 1 every variant writes padding rows: their codes are stored as
+    literal zero words, never converted. A 32-bit word built from the same 16-bit register
+    twice, {%rsN, %rsN}, after an e4m3x2 conversion of a compile-time zero, was packed by ptxas
+    with a stale register's upper half (nonzero padding codes on the H200, 2026-11-30)."""
+    point = compile_point("moe_dispatch_fp8_quant", fused(expert_alignment=64), arch)
+    for name, (ptx, _) in point.artifacts.items():
+        if name == "prefill_route":
+            continue
+        assert re.search(r"st\.global\.v\d\.b\d+\s+\[[^\]]+\], \{0(, 0)+\}", ptx), name
+        twice = [m.group(0) for m in re.finditer(r"\{%rs(\d+), %rs\1\}", ptx)]
+        assert not twice, (name, twice[:3])
 
 
 def test_small_fused_kernel_has_no_atomics_or_barrier(fused_ptx):

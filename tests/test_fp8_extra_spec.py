@@ -6,6 +6,7 @@ real compiles for sm_90a and sm_100a with PTX facts."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -335,6 +336,9 @@ def test_compiles_with_expected_ptx(family, values, arch):
             divisions = ptx.count("div.rn.f32") + ptx.count("rcp.rn.f32")
             paths = 2 if name == "single" else 1  # single: the in-register path and the loop
             assert divisions <= 2 * paths, f"{name}: {divisions} divisions, one per element?"
+            # no word packed from one 16-bit register twice (ptxas mis-packed such a word of e4m3
+            # codes: tests/test_dispatch_fp8_spec.py)
+            assert not re.search(r"\{%rs(\d+), %rs\1\}", ptx)
         if family == TOKEN:
             assert ("griddepcontrol.wait" in ptx) == (name == "decode") == (v.pdl > 0)
             assert ptx.count("shfl.sync.bfly.b32") == 5  # one warp butterfly per row
