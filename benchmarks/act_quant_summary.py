@@ -22,8 +22,10 @@ def main() -> None:
         try:
             with open(path) as f:
                 data = json.load(f)
+            if not isinstance(data, dict) or not {"rows", "copy_tbs"} <= data.keys():
+                raise ValueError("not a bench_act_quant.py result (no 'rows' and 'copy_tbs')")
             table = summary_table(data["rows"], data["copy_tbs"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, TypeError) as exc:
             sys.exit(f"act_quant_summary.py: cannot read {path}: {exc}")
         print(f"{path} (copy {data['copy_tbs']:.2f} TB/s)\n\n{table}\n")
 

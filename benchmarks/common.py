@@ -144,6 +144,17 @@ def summary_table(rows: list[dict], copy_tbs: float) -> str:
     """The README's compact table of benchmark rows: per (family, shape), the plan's µs at each
     token count with its speed-up over torch.compile in brackets (where it ran), then the share
     of the copy bandwidth at 8192 and 32768 tokens (where measured)."""
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("no benchmark rows")
+    if not isinstance(copy_tbs, (int, float)) or not copy_tbs > 0:
+        raise ValueError(f"copy bandwidth must be a positive number (got {copy_tbs!r})")
+    for i, r in enumerate(rows):
+        missing = [k for k in ("family", "shape", "tokens", "bytes", "us") if k not in r]
+        if missing:
+            raise ValueError(f"row {i} lacks {', '.join(missing)}")
+        ours = r["us"].get("rose_aot") if isinstance(r["us"], dict) else None
+        if not isinstance(ours, (int, float)) or not ours > 0:
+            raise ValueError(f"row {i}: rose_aot time must be a positive number (got {ours!r})")
     tokens = sorted({r["tokens"] for r in rows})
     groups: dict[tuple, dict] = {}
     for r in rows:

@@ -79,3 +79,25 @@ def test_summary_table_of_committed_results():
     ours, peer = first["us"]["rose_aot"], first["us"]["torch_compile"]
     assert f"| {first['shape']} | {ours:.2f} ({peer / ours:.2f}x) |" in table[2]
     assert table[0].endswith("% copy at 8192 / 32768 |")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[1, 2]", "not a bench_act_quant.py result"),
+    ('{"rows": [], "copy_tbs": 4}', "no benchmark rows"),
+    ('{"rows": [{"x": 1}], "copy_tbs": 4}', "row 0 lacks family"),
+    ('{"rows": [{"family": "f", "shape": "1", "tokens": 8192, "bytes": 1, "us": {"rose_aot": 0}}],'
+     ' "copy_tbs": 4}', "rose_aot time must be a positive number"),
+    ('{"rows": [{"family": "f", "shape": "1", "tokens": 1, "bytes": 1, "us": {"rose_aot": 1}}],'
+     ' "copy_tbs": 0}', "copy bandwidth must be a positive number"),
+    ("garbage", "Expecting value"),
+])
+def test_act_quant_summary_refuses_bad_results_in_one_line(tmp_path, content, message):
+    import subprocess
+
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "act_quant_summary.py"),
+                          str(path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.startswith(f"act_quant_summary.py: cannot read {path}: ") and message in run.stderr
+    assert "Traceback" not in run.stderr
