@@ -103,18 +103,30 @@ print((time.perf_counter() - t0) * 1e3)
 """
 
 
+def _run(what: str, argv: list[str], capture: bool = True) -> str:
+    """Run one step in its own process; a failure ends the script with one line naming the
+    step and the last line the process printed (no traceback of the parent)."""
+    try:
+        done = subprocess.run(argv, capture_output=capture, text=True)
+    except OSError as exc:
+        sys.exit(f"warmup.py: {what}: cannot start {argv[0]}: {exc.strerror}")
+    if done.returncode:
+        lines = (done.stderr or "").strip().splitlines() or [f"exit status {done.returncode}"]
+        sys.exit(f"warmup.py: {what} failed: {lines[-1]}")
+    return done.stdout or ""
+
+
 def build_side(out_dir: Path, manifests: list[str]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for manifest in manifests:
         name = Path(manifest).stem
-        subprocess.run(
-            ["rose-aot", "build", manifest, "--arch", "sm_90a", "-o",
-             str(out_dir / f"{name}.rosebundle"), "-q"],
-            check=True,
-        )
+        # the rose-aot next to this interpreter (a virtual environment need not be on PATH)
+        rose_aot = Path(sys.executable).with_name("rose-aot")
+        _run(f"building {manifest}",
+             [str(rose_aot) if rose_aot.exists() else "rose-aot", "build", manifest, "--arch",
+              "sm_90a", "-o", str(out_dir / f"{name}.rosebundle"), "-q"], capture=False)
     samples = [
-        float(subprocess.run([sys.executable, "-c", _DSL_IMPORT_PROBE], check=True,
-                             capture_output=True, text=True).stdout)
+        float(_run("the CuTeDSL import", [sys.executable, "-c", _DSL_IMPORT_PROBE]))
         for _ in range(REPEATS)
     ]
     info = {"dsl_import_ms": statistics.median(samples), "samples_ms": samples,
@@ -153,10 +165,9 @@ def gpu_side(models_dir: Path) -> None:
         )
         runs = []
         for _ in range(REPEATS):
-            done = subprocess.run([sys.executable, "-c", _GPU_PROBE, str(bundle),
-                                   "1" if CONTEXT_FIRST else "0"],
-                                  check=True, capture_output=True, text=True)
-            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            out = _run(f"opening {bundle}", [sys.executable, "-c", _GPU_PROBE, str(bundle),
+                                              "1" if CONTEXT_FIRST else "0"])
+            runs.append(json.loads(out.strip().splitlines()[-1]))
         med = {k: statistics.median(r[k] for r in runs)
                for k in ("import_ms", "driver_binding_ms", "open_verify_ms", "preload_ms")}
         if CONTEXT_FIRST:
@@ -191,9 +202,8 @@ def cpu_side(models_dir: Path, arch: str = "sm_90a") -> None:
     for bundle in bundles:
         runs = []
         for _ in range(REPEATS):
-            done = subprocess.run([sys.executable, "-c", _CPU_PROBE, str(bundle), arch],
-                                  check=True, capture_output=True, text=True)
-            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            out = _run(f"opening {bundle}", [sys.executable, "-c", _CPU_PROBE, str(bundle), arch])
+            runs.append(json.loads(out.strip().splitlines()[-1]))
         med = {k: statistics.median(r[k] for r in runs)
                for k in ("open_verify_ms", "preload_cpu_ms", "handles_ms")}
         print(f"| {bundle.stem} | {runs[0]['handles']} | {runs[0]['kernels']} | "

@@ -101,3 +101,18 @@ def test_act_quant_summary_refuses_bad_results_in_one_line(tmp_path, content, me
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.startswith(f"act_quant_summary.py: cannot read {path}: ") and message in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_warmup_cpu_side_names_a_bundle_that_does_not_open(tmp_path):
+    """A damaged bundle among the models: one line naming it and the loader's own error, exit
+    1, no traceback of the script."""
+    import subprocess
+
+    (tmp_path / "broken.rosebundle").write_bytes(b"not a bundle")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warmup.py"), "cpu-side",
+                          str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "ROSE_WARMUP_REPEATS": "1"})
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"warmup.py: opening {tmp_path / 'broken.rosebundle'} failed: ")
+    assert "rose_aot.errors" in last and "Traceback" not in run.stderr
