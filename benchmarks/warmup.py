@@ -8,18 +8,24 @@ Two halves, because the two paths run on different machines (exactly the product
 
   # GPU machine (no CuTeDSL): per model, in fresh processes: import rose_aot (torch already
   # imported, as in a serving engine), the driver binding (cuda.bindings import + cuInit: once
-  # per process, reported apart), open + verify the bundle, preload every kernel
+  # per process, reported apart), open + verify the bundle, preload every kernel (which
+  # verifies each cubin before it loads it: open_bundle checks artifacts at their first load)
   python benchmarks/warmup.py gpu-side build/models
 
   # any machine (no GPU needed): per model, in fresh processes: open + verify the bundle, the
-  # CPU side of a preload (every cubin of the arch fetched as a load would take it), and a
-  # handle per point; the part of the GPU side's figures that is not the driver's
+  # CPU side of a preload (every artifact of the arch verified as a load would take it:
+  # KernelBundle.check_artifacts), and a handle per point; the part of the GPU side's figures
+  # that is not the driver's
   python benchmarks/warmup.py cpu-side build/models
 
 The GPU side prints a markdown table and writes warmup.json to $OUT (or benchmarks/results):
 medians of 5 cold processes; the JIT column is the DSL import plus the compile seconds of the
 model's sm_90a points from its build report (what a replica pays at every start without AOT).
 The CPU side prints its table only.
+
+ROSE_WARMUP_PRELOAD_THREADS=1,4 (a list of positive integers; default: preload()'s own default,
+rose_aot.loader.runtime.PRELOAD_THREADS) measures each model with each preload thread count,
+alternating them over the cold processes, one row per (model, threads); both sides.
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ _context_first = os.environ.get("ROSE_WARMUP_CONTEXT_FIRST", "0")
 if _context_first not in ("0", "1"):
     sys.exit(f"ROSE_WARMUP_CONTEXT_FIRST must be 0 or 1 (got {_context_first!r})")
 CONTEXT_FIRST = _context_first == "1"
+# ROSE_WARMUP_PRELOAD_THREADS: preload's thread counts to measure; "" = preload's default.
+_threads = os.environ.get("ROSE_WARMUP_PRELOAD_THREADS", "")
+PRELOAD_THREADS = [t.strip() for t in _threads.split(",")] if _threads.strip() else [""]
+if not all(t.isdigit() and int(t) >= 1 for t in PRELOAD_THREADS if t):
+    sys.exit("ROSE_WARMUP_PRELOAD_THREADS must be a comma-separated list of positive integers "
+             f"(got {_threads!r})")
 
 _GPU_PROBE = r"""
 import json, sys, time
@@ -62,37 +74,38 @@ t1 = time.perf_counter()
 from rose_aot.loader import driver
 driver.driver()
 tb = time.perf_counter()
+from rose_aot.loader import runtime
+threads = int(sys.argv[3]) if sys.argv[3] else runtime.PRELOAD_THREADS
 bundle = rose_aot.open_bundle(sys.argv[1])
 t2 = time.perf_counter()
-kernels = bundle.preload(0)
+kernels = bundle.preload(0, threads=threads)
 torch.cuda.synchronize()
 t3 = time.perf_counter()
 assert "cutlass" not in sys.modules
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "driver_binding_ms": (tb - t1) * 1e3,
                   "open_verify_ms": (t2 - tb) * 1e3, "preload_ms": (t3 - t2) * 1e3,
-                  "kernels": kernels, "context_ms": context_ms}))
+                  "kernels": kernels, "context_ms": context_ms, "threads": threads}))
 """
 
 _CPU_PROBE = r"""
 import json, sys, time
 import torch
 import rose_aot
+from rose_aot.loader import runtime
+arch = sys.argv[2]
+threads = int(sys.argv[3]) if sys.argv[3] else runtime.PRELOAD_THREADS
 t0 = time.perf_counter()
 bundle = rose_aot.open_bundle(sys.argv[1])
 t1 = time.perf_counter()
-arch = sys.argv[2]
-kernels = 0
-for (key, a), point in sorted(bundle._points.items()):  # preload's loads, minus the driver
-    if a == arch:
-        for v in point["variants"]:
-            bundle.reader.blob(v["cubin"])
-            kernels += len(bundle.record(key, a).variant(v["name"]).entries)
+bundle.check_artifacts(arch, threads=threads)  # preload's verification, minus the driver
 t2 = time.perf_counter()
 handles = [bundle.handle(key) for key in bundle.points(arch)]
 t3 = time.perf_counter()
+kernels = sum(len(v.entries) for key in bundle.points(arch) for v in bundle.record(key, arch).variants)
 assert "cutlass" not in sys.modules
 print(json.dumps({"open_verify_ms": (t1 - t0) * 1e3, "preload_cpu_ms": (t2 - t1) * 1e3,
-                  "handles_ms": (t3 - t2) * 1e3, "kernels": kernels, "handles": len(handles)}))
+                  "handles_ms": (t3 - t2) * 1e3, "kernels": kernels, "handles": len(handles),
+                  "threads": threads}))
 """
 
 _DSL_IMPORT_PROBE = r"""
@@ -135,6 +148,17 @@ def build_side(out_dir: Path, manifests: list[str]) -> None:
     print(f"DSL import: {info['dsl_import_ms']:.0f} ms (median of {REPEATS})")
 
 
+def _measure(what: str, probe: str, args: list[str]) -> dict[str, list[dict]]:
+    """REPEATS cold processes of `probe` per preload thread setting, the settings alternating
+    (so a drift of the machine touches each alike); its JSON lines, by setting."""
+    runs: dict[str, list[dict]] = {t: [] for t in PRELOAD_THREADS}
+    for _ in range(REPEATS):
+        for threads in PRELOAD_THREADS:
+            out = _run(what, [sys.executable, "-c", probe, *args, threads])
+            runs[threads].append(json.loads(out.strip().splitlines()[-1]))
+    return runs
+
+
 def gpu_side(models_dir: Path) -> None:
     import torch
 
@@ -152,43 +176,44 @@ def gpu_side(models_dir: Path) -> None:
            "context_first": CONTEXT_FIRST, "rows": []}
     # One row per model as soon as it is measured (and warmup.json rewritten), so a run cut
     # by its time limit keeps the models it finished.
-    print("| model | points | kernels | import rose_aot ms | driver binding ms (once per process) | "
-          "open + verify ms | preload ms | "
+    print("| model | points | kernels | preload threads | import rose_aot ms | "
+          "driver binding ms (once per process) | open + verify ms | preload ms | "
           "AOT per model ms (open + preload) | JIT (DSL import + compile) ms | x faster |"
           + (" CUDA context ms |" if CONTEXT_FIRST else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if CONTEXT_FIRST else ""), flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if CONTEXT_FIRST else ""),
+          flush=True)
     for bundle in bundles:
         report = json.loads(Path(str(bundle) + ".report.json").read_text())
         compile_ms = 1e3 * sum(
             v["compile_seconds"] for item in report["items"] for v in item["variants"]
             if item["arch"] == "sm_90a"
         )
-        runs = []
-        for _ in range(REPEATS):
-            out = _run(f"opening {bundle}", [sys.executable, "-c", _GPU_PROBE, str(bundle),
-                                              "1" if CONTEXT_FIRST else "0"])
-            runs.append(json.loads(out.strip().splitlines()[-1]))
-        med = {k: statistics.median(r[k] for r in runs)
-               for k in ("import_ms", "driver_binding_ms", "open_verify_ms", "preload_ms")}
-        if CONTEXT_FIRST:
-            med["context_ms"] = statistics.median(r["context_ms"] for r in runs)
-        aot_ms = med["open_verify_ms"] + med["preload_ms"]
-        jit_ms = dsl + compile_ms
-        r = {
-            "model": bundle.stem,
-            "points": len(report["items"]),
-            "kernels": runs[0]["kernels"],
-            **{k: round(v, 2) for k, v in med.items()},
-            "aot_after_import_ms": round(aot_ms, 2),
-            "jit_ms": round(jit_ms, 1),
-            "speedup": round(jit_ms / aot_ms, 1),
-        }
-        doc["rows"].append(r)
-        (out / "warmup.json").write_text(json.dumps(doc, indent=2))
-        print(f"| {r['model']} | {r['points']} | {r['kernels']} | {r['import_ms']:.1f} | "
-              f"{r['driver_binding_ms']:.1f} | {r['open_verify_ms']:.2f} | {r['preload_ms']:.2f} | {r['aot_after_import_ms']:.2f} | "
-              f"{r['jit_ms']:.0f} | {r['speedup']:.0f} |"
-              + (f" {r['context_ms']:.0f} |" if CONTEXT_FIRST else ""), flush=True)
+        measured = _measure(f"opening {bundle}", _GPU_PROBE,
+                            [str(bundle), "1" if CONTEXT_FIRST else "0"])
+        for runs in measured.values():
+            med = {k: statistics.median(r[k] for r in runs)
+                   for k in ("import_ms", "driver_binding_ms", "open_verify_ms", "preload_ms")}
+            if CONTEXT_FIRST:
+                med["context_ms"] = statistics.median(r["context_ms"] for r in runs)
+            aot_ms = med["open_verify_ms"] + med["preload_ms"]
+            jit_ms = dsl + compile_ms
+            r = {
+                "model": bundle.stem,
+                "points": len(report["items"]),
+                "kernels": runs[0]["kernels"],
+                "preload_threads": runs[0]["threads"],
+                **{k: round(v, 2) for k, v in med.items()},
+                "aot_after_import_ms": round(aot_ms, 2),
+                "jit_ms": round(jit_ms, 1),
+                "speedup": round(jit_ms / aot_ms, 1),
+            }
+            doc["rows"].append(r)
+            (out / "warmup.json").write_text(json.dumps(doc, indent=2))
+            print(f"| {r['model']} | {r['points']} | {r['kernels']} | {r['preload_threads']} | "
+                  f"{r['import_ms']:.1f} | {r['driver_binding_ms']:.1f} | "
+                  f"{r['open_verify_ms']:.2f} | {r['preload_ms']:.2f} | "
+                  f"{r['aot_after_import_ms']:.2f} | {r['jit_ms']:.0f} | {r['speedup']:.0f} |"
+                  + (f" {r['context_ms']:.0f} |" if CONTEXT_FIRST else ""), flush=True)
 
 
 def cpu_side(models_dir: Path, arch: str = "sm_90a") -> None:
@@ -196,19 +221,20 @@ def cpu_side(models_dir: Path, arch: str = "sm_90a") -> None:
     if not bundles:
         sys.exit(f"{models_dir} has no bundles; run "
                  f"`python benchmarks/warmup.py build-side {models_dir} manifests/*.toml` first")
-    print(f"| model | points | kernels | open + verify ms | preload, CPU side ms | "
-          f"a handle per point ms |  (median of {REPEATS} cold processes, {arch})")
-    print("|---|---|---|---|---|---|", flush=True)
+    print(f"| model | points | kernels | preload threads | open + verify ms | "
+          f"preload, CPU side ms | open + preload CPU side ms | a handle per point ms |  "
+          f"(median of {REPEATS} cold processes, {arch})")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
     for bundle in bundles:
-        runs = []
-        for _ in range(REPEATS):
-            out = _run(f"opening {bundle}", [sys.executable, "-c", _CPU_PROBE, str(bundle), arch])
-            runs.append(json.loads(out.strip().splitlines()[-1]))
-        med = {k: statistics.median(r[k] for r in runs)
-               for k in ("open_verify_ms", "preload_cpu_ms", "handles_ms")}
-        print(f"| {bundle.stem} | {runs[0]['handles']} | {runs[0]['kernels']} | "
-              f"{med['open_verify_ms']:.2f} | {med['preload_cpu_ms']:.2f} | "
-              f"{med['handles_ms']:.2f} |", flush=True)
+        measured = _measure(f"opening {bundle}", _CPU_PROBE, [str(bundle), arch])
+        for runs in measured.values():
+            med = {k: statistics.median(r[k] for r in runs)
+                   for k in ("open_verify_ms", "preload_cpu_ms", "handles_ms")}
+            total = statistics.median(r["open_verify_ms"] + r["preload_cpu_ms"] for r in runs)
+            print(f"| {bundle.stem} | {runs[0]['handles']} | {runs[0]['kernels']} | "
+                  f"{runs[0]['threads']} | {med['open_verify_ms']:.2f} | "
+                  f"{med['preload_cpu_ms']:.2f} | {total:.2f} | {med['handles_ms']:.2f} |",
+                  flush=True)
 
 
 def main() -> None:

@@ -466,8 +466,10 @@ def _bad_indexes() -> list[tuple[str, bytes, str]]:
             ),
             "declares no content size",
         ),
-        ("whitespace", assemble(b'{"blobs": {}}'), "canonical"),
         ("unsorted keys", assemble(b'{"z":1,"blobs":{}}'), "canonical"),
+        ("unsorted nested keys", assemble(b'{"a":{"y":1,"x":2},"blobs":{}}'), "'x' follows 'y'"),
+        ("float with a trailing zero", assemble(b'{"blobs":{},"n":1.50}'), "cannot store"),
+        ("float with an exponent", assemble(b'{"blobs":{},"n":1E2}'), "cannot store"),
         ("raw utf-8", assemble('{"blobs":{},"n":"é"}'.encode()), "not ASCII"),
         ("invalid utf-8", assemble(b'{"blobs":{},"n":"\xff"}'), "not ASCII"),
         ("duplicate key", assemble(b'{"blobs":{},"blobs":{}}'), "twice"),
@@ -496,6 +498,20 @@ def test_hand_crafted_bad_index(case, data, match):
     msg = str(info.value)
     assert msg.startswith("evil.rab: ") and "rose-aot build" in msg
     assert len(msg) < 600, "messages quote hostile values only in part"
+
+
+def test_other_spellings_of_the_same_index_mean_the_same():
+    """The reader refuses what could mean two things (a key twice, a float another reader may
+    round otherwise); whitespace and escape spellings mean one thing to every JSON reader, so
+    they open, with the index write_bundle's spelling gives."""
+    region = frame(b"payload")
+    table = {"a": entry(0, region, b"payload")}
+    spelled = json.dumps({"blobs": table, "n": "A\u00e9", "x": [1, -0.5]}, indent=1,
+                         sort_keys=True, ensure_ascii=True).replace("A\\u00e9", "\\u0041\\u00e9")
+    assert "\\u0041" in spelled and "\n" in spelled
+    reader = BundleReader.from_bytes(assemble(spelled.encode(), region))
+    assert reader.index == {"n": "A\u00e9", "x": [1, -0.5]}
+    assert reader.blob("a") == b"payload"
 
 
 def test_bad_index_cases_are_really_consistent():

@@ -245,6 +245,7 @@ def _read_everything(path_or_bytes, manifest=None):
     bundle = open_bundle(path_or_bytes)
     bundle.describe()
     bundle.reader.verify()
+    bundle.check_artifacts(threads=2)  # every load's CPU side: what reaches the driver
     for key in bundle.points():
         family = key.split("(")[0]
         try:

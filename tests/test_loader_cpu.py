@@ -27,7 +27,7 @@ from rose_aot.errors import (
 )
 from rose_aot.kernels.record import ParamRecord
 from rose_aot.kernels.spec import Dim, TensorArg, param_size
-from rose_aot.loader import open_bundle
+from rose_aot.loader import KernelBundle, open_bundle
 from rose_aot.loader.args import ArgBinder, ParamPacker
 
 QK = dict(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)  # Qwen3-30B-A3B's q/k norm
@@ -367,8 +367,9 @@ def _swap_cubins(index):
 
 TAMPER = [
     pytest.param(lambda i, b: _first_variant(i).update(block=[64, 1, 1]), "block", id="block"),
+    # The packing check at open sees a wrong size before the cubin's first load would.
     pytest.param(lambda i, b: _first_variant(i)["params"][0].update(
-        size=_first_variant(i)["params"][0]["size"] + 8), "parameter sizes", id="param-sizes"),
+        size=_first_variant(i)["params"][0]["size"] + 8), "is not the packing", id="param-sizes"),
     pytest.param(lambda i, b: _first_variant(i)["params"].pop(), "parameter sizes",
                  id="param-missing"),
     pytest.param(lambda i, b: _first_variant(i).update(
@@ -407,15 +408,21 @@ def test_bundle_whose_launch_facts_disagree_with_the_spec_is_refused(
     shipped_build, tmp_path, change, fragment
 ):
     path = _rewrite(shipped_build.path, tmp_path / "tampered.rosebundle", change)
+    # open_bundle checks the records; the cubins, at their first load (check_artifacts is the
+    # CPU side of every load, what preload verifies before the driver sees a byte).
     with pytest.raises(BundleError) as info:
-        open_bundle(path)
+        open_bundle(path).check_artifacts()
     assert fragment in str(info.value) and str(path) in str(info.value)
+    with pytest.raises(BundleError) as eager:  # rose-aot verify's way: everything at once
+        KernelBundle(BundleReader.open(path))
+    assert str(eager.value) == str(info.value)
 
 
 def test_malformed_index_record_is_a_bundle_error(shipped_build, tmp_path):
     """Every problem of a bundle is a BundleError (errors.py). A sha-verified container whose
     index records lack a field, or whose variant has no entries / no recorded parameter sizes,
-    must be refused at open with a BundleError, not a bare KeyError (which callers would confuse
+    must be refused with a BundleError (at open, or for what only the cubin can tell at its
+    first load, which check_artifacts runs), not a bare KeyError (which callers would confuse
     with KernelNotFoundError, a KeyError too) and not accepted with the ABI check skipped.
     Fails until KernelBundle._check_point turns malformed records into BundleError."""
     cases = {
@@ -441,7 +448,7 @@ def test_malformed_index_record_is_a_bundle_error(shipped_build, tmp_path):
     for n, (what, change) in enumerate(cases.items()):
         path = _rewrite(shipped_build.path, tmp_path / f"malformed{n}.rosebundle", change)
         try:
-            open_bundle(path)
+            open_bundle(path).check_artifacts()
         except BundleError:
             continue
         except Exception as exc:  # noqa: BLE001 - the point is which type escapes

@@ -308,10 +308,10 @@ class BundleReader:
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._cache_bytes = 0
         self.cache_limit = cache_bytes
-        # One decompression context for every blob (making one costs about as much as
-        # decompressing a small cubin); a context serves one thread at a time, hence the lock,
-        # which also keeps the cache consistent.
-        self._decompressor = zstandard.ZstdDecompressor()
+        # One decompression context per thread for every blob (making one costs about as much
+        # as decompressing a small cubin; a context serves one thread at a time), so threads
+        # decompress in parallel (zstd runs without the GIL). The lock guards the cache only.
+        self._contexts = threading.local()
         self._lock = threading.Lock()
 
     @classmethod
@@ -349,13 +349,17 @@ class BundleReader:
             if raw is not None:
                 self._cache.move_to_end(name)
                 return raw
-            raw = self._decompress(name)
-            if len(raw) <= self.cache_limit:
-                self._cache[name] = raw
-                self._cache_bytes += len(raw)
-                while self._cache_bytes > self.cache_limit:
-                    _, dropped = self._cache.popitem(last=False)
-                    self._cache_bytes -= len(dropped)
+        # Outside the lock: two threads asking for one blob at once may both decompress it,
+        # each checking what it got; the cache keeps one copy.
+        raw = self._decompress(name)
+        if len(raw) <= self.cache_limit:
+            with self._lock:
+                if name not in self._cache:
+                    self._cache[name] = raw
+                    self._cache_bytes += len(raw)
+                    while self._cache_bytes > self.cache_limit:
+                        _, dropped = self._cache.popitem(last=False)
+                        self._cache_bytes -= len(dropped)
         return raw
 
     def verify(self) -> None:
@@ -420,7 +424,10 @@ class BundleReader:
         try:
             # The open-time check that the frame header declares exactly raw_size is what bounds
             # this allocation: with a declared content size zstd ignores max_output_size.
-            raw = self._decompressor.decompress(
+            decompressor = getattr(self._contexts, "decompressor", None)
+            if decompressor is None:
+                decompressor = self._contexts.decompressor = zstandard.ZstdDecompressor()
+            raw = decompressor.decompress(
                 frame, max_output_size=entry["raw_size"], allow_extra_data=False
             )
         except (zstandard.ZstdError, MemoryError, ValueError) as exc:
@@ -543,30 +550,45 @@ def _decode_index(path: str, index_bytes: bytes) -> dict:
         text = index_bytes.decode("ascii")
     except UnicodeDecodeError as exc:
         raise _damaged(path, f"the index is not ASCII JSON ({exc})") from exc
-    # Parsed without a duplicate-key hook (a quarter of the parse time): an index with a key
-    # twice in one object cannot be in canonical form (its re-encoding has one pair fewer), so
-    # the duplicate check runs only on the way to refusing the index, for its precise message.
+    # The header digest (and a signature) pin these bytes; what the reader must add is that
+    # they have exactly one meaning, the one every JSON reader gives them: no key twice in an
+    # object (readers differ on which value wins), no NaN or Infinity, no float literal that
+    # another reader could round differently or overflow to inf (1e999). The parse hooks check
+    # it as they go: keys strictly increasing in every object (write_bundle's sorted order,
+    # which rules out duplicates) and each float spelled as repr() spells it. Re-encoding the
+    # parsed index and comparing bytes (the check before, half again the parse time) refused
+    # besides only spellings of the same value (whitespace, "\u0041" for "A", an int's
+    # leading "-" on zero), which change nothing a reader sees.
     try:
-        body = json.loads(text, parse_constant=_reject_constant)
+        body = json.loads(
+            text,
+            object_pairs_hook=_sorted_object,
+            parse_float=_canonical_float,
+            parse_constant=_reject_constant,
+        )
+    except _DuplicateKeyError as exc:
+        raise _damaged(
+            path, f"the index has the key {_short(exc.args[0])} twice in one object"
+        ) from exc
+    except _UnsortedKeysError as exc:
+        before, after = exc.args
+        raise _damaged(
+            path,
+            f"the index is not in canonical form: the key {_short(after)} follows "
+            f"{_short(before)} (every object's keys are sorted), so write_bundle did not "
+            "write it",
+        ) from exc
+    except _FloatSpellingError as exc:
+        raise _damaged(
+            path,
+            f"the index holds a value this format cannot store: the number "
+            f"{_short_text(exc.args[0], 40)} (floats are finite and spelled as repr() spells "
+            "them)",
+        ) from exc
     except (ValueError, RecursionError) as exc:
         raise _invalid_json(path, exc) from exc
     if not isinstance(body, dict):
-        _refuse_duplicates(path, text)
         raise _damaged(path, f"the index is a JSON {type(body).__name__}, not an object")
-    try:
-        canonical = _canonical_json(body, check_circular=False)
-    except (ValueError, RecursionError) as exc:
-        _refuse_duplicates(path, text)
-        raise _damaged(
-            path, f"the index holds a value this format cannot store ({_short_text(str(exc))})"
-        ) from exc
-    if canonical != index_bytes:
-        _refuse_duplicates(path, text)
-        raise _damaged(
-            path,
-            "the index is not in canonical form (sorted keys, no whitespace, "
-            "ASCII escapes), so write_bundle did not write it",
-        )
     if _BLOBS_KEY not in body:
         raise _damaged(path, f'the index has no "{_BLOBS_KEY}" table')
     return body
@@ -576,19 +598,6 @@ def _invalid_json(path: str, exc: Exception) -> BundleError:
     # Python's own advice after a ';' (raise the int digit limit) is not for hostile input.
     reason = _short_text(str(exc).split(";")[0])
     return _damaged(path, f"the index is not valid JSON ({reason})")
-
-
-def _refuse_duplicates(path: str, text: str) -> None:
-    """Raise the duplicate-key error if some object of `text` (valid JSON) has a key twice."""
-    try:
-        json.loads(text, object_pairs_hook=_object_without_duplicates,
-                   parse_constant=_reject_constant)
-    except _DuplicateKeyError as exc:
-        raise _damaged(
-            path, f"the index has the key {_short(exc.args[0])} twice in one object"
-        ) from exc
-    except (ValueError, RecursionError) as exc:
-        raise _invalid_json(path, exc) from exc
 
 
 def _check_blob_table(path: str, table: object, region_size: int) -> dict[str, dict]:
@@ -691,26 +700,46 @@ class _DuplicateKeyError(ValueError):
     pass
 
 
-def _object_without_duplicates(pairs: list[tuple[str, object]]) -> dict:
+class _UnsortedKeysError(ValueError):
+    pass
+
+
+class _FloatSpellingError(ValueError):
+    pass
+
+
+def _sorted_object(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads' object hook: the object, if its keys strictly increase (sorted, none twice)."""
     obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKeyError(key)
-            seen.add(key)
+    if len(pairs) > 1:
+        keys = list(obj)
+        if len(keys) != len(pairs) or keys != sorted(keys):
+            seen: set[str] = set()
+            for i, (key, _) in enumerate(pairs):
+                if key in seen:
+                    raise _DuplicateKeyError(key)
+                seen.add(key)
+                if i and key < pairs[i - 1][0]:
+                    raise _UnsortedKeysError(pairs[i - 1][0], key)
     return obj
+
+
+def _canonical_float(text: str) -> float:
+    """json.loads' float hook: the float, if `text` is how repr() (and so write_bundle) spells
+    it; an overflowing literal such as 1e999 reads as inf, whose repr differs."""
+    value = float(text)
+    if repr(value) != text:
+        raise _FloatSpellingError(text)
+    return value
 
 
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _canonical_json(obj: object, check_circular: bool = True) -> bytes:
-    # The reader re-encodes a parsed index, which has no cycles: it skips the cycle check.
+def _canonical_json(obj: object) -> bytes:
     return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False,
-        check_circular=check_circular,
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     ).encode("ascii")
 
 

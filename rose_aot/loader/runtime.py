@@ -30,25 +30,50 @@ from .. import settings
 from . import driver
 from .args import ArgBinder, ParamPacker
 
-__all__ = ["KernelBundle", "KernelHandle", "open_bundle"]
+__all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
+# Threads of preload() unless told: each verifies its cubins (zstd and sha256 run without the
+# GIL) and makes the driver calls (cuda.bindings releases the GIL in them). 4 until the H200
+# comparison of serial and threaded preload (benchmarks/warmup.py gpu-side with
+# ROSE_WARMUP_PRELOAD_THREADS) says otherwise.
+PRELOAD_THREADS = 1
 
 
 def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBundle":
     """Open and verify a bundle. `use_ptx` loads PTX (driver JIT, ~100x slower) instead of cubins;
     it is an explicit, reported fallback for drivers that refuse the cubins. With `trusted_keys`
     (public key files or PEM bytes), the bundle must carry a valid signature (`<path>.sig`) by one
-    of them, else BundleError naming the key ids (see rose_aot.bundle.signing)."""
+    of them, else BundleError naming the key ids (see rose_aot.bundle.signing).
+
+    Verified here: the header, the index, every compressed artifact's sha256 and every point's
+    record (see KernelBundle). Each artifact's decompressed bytes are checked the first time a
+    load needs them (preload, or the first launch of its variant on a device), before any byte
+    reaches the driver, with the same BundleError an eager check raises; so a damaged cubin of
+    a point never loaded, or of another arch, costs nothing and fails nothing. `rose-aot
+    verify` and KernelBundle(reader) check every artifact at once."""
     reader = BundleReader.open(path)
     check_signature(reader, trusted_keys)
     check_kernel_index(reader.index, reader.path)
-    return KernelBundle(reader, use_ptx=use_ptx)
+    return KernelBundle(reader, use_ptx=use_ptx, check_artifacts=False)
 
 
 class KernelBundle:
-    def __init__(self, reader: BundleReader, *, use_ptx: bool = False):
+    """The kernels of one verified bundle, loaded per device on demand.
+
+    Construction checks every (point, arch) of the index: its config and key, its record (read
+    strictly), that the artifacts it names are in the bundle with the record's sha256, that
+    each parameter is the packing of its argument, and that this rose-aot's plan can launch
+    from it. With `check_artifacts` (the default; `rose-aot verify`) it also decompresses every
+    artifact a load would hand the driver, checks its sha256 and, for a cubin, its entries,
+    block size and parameter sizes against the record. Without it (open_bundle), that check
+    runs at the artifact's first load, in verified_image(): no artifact reaches the driver
+    unchecked either way, and the error is the same BundleError.
+    """
+
+    def __init__(self, reader: BundleReader, *, use_ptx: bool = False,
+                 check_artifacts: bool = True):
         self.reader = reader
         self.path = reader.path
         self.use_ptx = use_ptx
@@ -84,12 +109,17 @@ class KernelBundle:
         self._device_arch: dict[int, str] = {}
         self._sm_counts: dict[int, int] = {}
         self._handles: dict[str, KernelHandle] = {}
+        # (key, arch, variant) whose cubin matched its record; a set's add is atomic, so the
+        # threads of a preload share it.
+        self._cubins_checked: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
+        if check_artifacts:
+            self.check_artifacts()
 
     # --- the record: read, bound to its artifacts, understood by this rose-aot ----------------
     def _check_point(self, point: dict) -> PointRecord:
-        """The point's record, after checking that it belongs to its point, that its artifacts
-        are the ones it names (sha256, and the cubin's entries, block size and parameters), and
+        """The point's record, after checking that it belongs to its point, that the artifacts
+        it names are in the bundle with its sha256 (the bytes themselves: verified_image), and
         that this rose-aot's plan for the family can launch from it. Nothing is recomputed."""
         try:
             family = get_family(point["family"])
@@ -115,13 +145,6 @@ class KernelBundle:
                         f"{where}: variant {variant.name}'s {kind} {blob!r} is not the artifact "
                         f"its record was compiled with (sha256 differs); {_REBUILD}"
                     )
-            try:
-                variant.check_cubin(self.reader.blob(raw["cubin"]))
-            except ValueError as exc:
-                raise BundleError(
-                    f"{where}: the cubin of variant {variant.name} does not match its record "
-                    f"({exc}); the artifact is misplaced or damaged; {_REBUILD}"
-                ) from None
         # The record is self-consistent: each parameter is the packing of the argument it
         # names (a loader packs exactly what the record says, so a mismatch would corrupt
         # the launch rather than fail it).
@@ -151,6 +174,50 @@ class KernelBundle:
                 f"version that serves it"
             ) from None
         return record
+
+    # --- the artifacts: verified before a load hands them to the driver ------------------------
+    def verified_image(self, key: str, arch: str, variant_name: str) -> bytes:
+        """What a load of the variant hands the driver: its cubin (with use_ptx, its PTX,
+        NUL-terminated), decompressed and checked against its sha256 by the reader, and a cubin
+        also against its record: its entries, the block size it was compiled for and its
+        parameter sizes (so an artifact stored under the wrong point or variant never reaches
+        the driver). BundleError otherwise. The CPU side of every load; safe from any thread."""
+        raw = next(v for v in self._points[(key, arch)]["variants"] if v["name"] == variant_name)
+        if self.use_ptx:
+            return self.reader.blob(raw["ptx"]) + b"\0"
+        cubin = self.reader.blob(raw["cubin"])
+        checked = (key, arch, variant_name)
+        if checked not in self._cubins_checked:
+            try:
+                self._records[(key, arch)].variant(variant_name).check_cubin(cubin)
+            except ValueError as exc:
+                raise BundleError(
+                    f"{self.path}: {key} on {arch}: the cubin of variant {variant_name} does "
+                    f"not match its record ({exc}); the artifact is misplaced or damaged; "
+                    f"{_REBUILD}"
+                ) from None
+            self._cubins_checked.add(checked)
+        return cubin
+
+    def check_artifacts(self, arch: str | None = None, *, threads: int = 1) -> int:
+        """Verify now, as loads would (verified_image), the artifact of every variant of
+        `arch`'s points (default: every arch), on up to `threads` threads. The first error in
+        (point, arch, variant) order is raised. Returns the number of variants checked."""
+        tasks = self._variants(arch)
+        error = next((exc for ok, exc in _run_tasks(self.verified_image, tasks, threads)
+                      if not ok), None)
+        if error is not None:
+            raise error
+        return len(tasks)
+
+    def _variants(self, arch: str | None) -> list[tuple[str, str, str]]:
+        """(key, arch, variant name) of every variant of `arch` (None: every arch), sorted."""
+        return [
+            (key, a, v["name"])
+            for (key, a), point in sorted(self._points.items())
+            if arch is None or a == arch
+            for v in point["variants"]
+        ]
 
     # --- what the bundle has -------------------------------------------------------------------
     @property
@@ -234,16 +301,12 @@ class KernelBundle:
             self._device_arch[device] = arch
         return arch
 
-    def _library(self, key: str, arch: str, variant: dict):
-        lib_key = (key, arch, variant["name"])
-        lib = self._libraries.get(lib_key)
+    def _library(self, key: str, arch: str, variant_name: str):
+        """The variant's library (shared by every device), loaded from its verified image."""
+        lib = self._libraries.get((key, arch, variant_name))
         if lib is None:
-            if self.use_ptx:
-                image = self.reader.blob(variant["ptx"]) + b"\0"
-            else:
-                image = self.reader.blob(variant["cubin"])  # sha256-verified before this point
-            lib = driver.load_library(image, f"{key} {variant['name']} ({arch})")
-            self._libraries[lib_key] = lib
+            image = self.verified_image(key, arch, variant_name)
+            lib = driver.load_library(image, f"{key} {variant_name} ({arch})")
         return lib
 
     def device_kernels(self, device: int, key: str, variant_name: str) -> list:
@@ -264,15 +327,22 @@ class KernelBundle:
         kernels = self._device_kernels.get(cache_key)
         if kernels is not None:
             return kernels
-        point = self._points.get((key, arch))
-        if point is None:
+        if (key, arch) not in self._points:
             raise KernelNotFoundError(
                 key, [], f"the bundle has it for {self._archs_of(key)} but cuda:{device} "
                 f"needs {arch}"
             )
-        raw = next(v for v in point["variants"] if v["name"] == variant_name)
+        lib, kernels = self._load_variant(device, key, arch, variant_name)
+        self._libraries[(key, arch, variant_name)] = lib
+        self._device_kernels[cache_key] = kernels
+        return kernels
+
+    def _load_variant(self, device: int, key: str, arch: str, variant_name: str) -> tuple:
+        """(library, CUfunctions of the entries) of one variant in the current context (that of
+        `device`). Stores nothing: the caller does, holding the bundle's lock, so that the
+        threads of a preload can run this at once."""
         record = self._records[(key, arch)].variant(variant_name)
-        lib = self._library(key, arch, raw)
+        lib = self._library(key, arch, variant_name)
         kernels = []
         for entry in record.entries:
             kernel = driver.get_kernel(lib, entry)
@@ -281,8 +351,7 @@ class KernelBundle:
             # The context's own function: loads the module into this device's context now
             # (not at the first launch) and spares the driver a per-launch lookup.
             kernels.append(driver.kernel_function(kernel, entry))
-        self._device_kernels[cache_key] = kernels
-        return kernels
+        return lib, kernels
 
     def sm_count(self, device: int) -> int:
         """The device's SM count (cuDeviceGetAttribute), read once: plans size cooperative and
@@ -301,11 +370,19 @@ class KernelBundle:
     def _archs_of(self, key: str) -> list[str]:
         return sorted(a for k, a in self._points if k == key)
 
-    def preload(self, device: int | None = None) -> int:
-        """Load every kernel for `device` (default: torch's current device) now, for warmup.
-        Returns the number of kernel entries loaded."""
+    def preload(self, device: int | None = None, *, threads: int | None = None) -> int:
+        """Load every kernel for `device` (default: torch's current device) now, for warmup:
+        verify each variant's artifact (verified_image) and load it into the device's context,
+        on up to `threads` threads (default PRELOAD_THREADS; 1 loads in the calling thread
+        only). Holds the bundle's lock throughout; the first error in (point, variant) order is
+        raised, after every other variant was tried and what loaded was kept. Returns the
+        number of kernel entries loaded."""
         import torch
 
+        if threads is None:
+            threads = PRELOAD_THREADS
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ArgumentError(f"preload(): threads must be a positive int (got {threads!r})")
         if not torch.cuda.is_available():
             raise DeviceError(
                 "preload(): no usable CUDA device (torch.cuda.is_available() is False); run on a "
@@ -313,16 +390,33 @@ class KernelBundle:
             )
         device = torch.cuda.current_device() if device is None else device
         arch = self.arch_for_device(device)
-        count = 0
         # One switch to the device's context for every load (not one per variant).
         with self._lock, torch.cuda.device(device):
             torch.cuda.current_stream(device)  # makes the primary context current
-            for (key, a), point in sorted(self._points.items()):
-                if a != arch:
+            todo = [t for t in self._variants(arch) if (device, *t) not in self._device_kernels]
+            setup = None
+            if threads > 1 and len(todo) > 1:
+                # Other threads load into the context this thread has current, made current
+                # in each of them (a CUDA context is current per thread).
+                cu = driver.driver()
+                context = driver.check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+
+                def setup():
+                    driver.check(cu.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+            load = partial(self._load_variant, device)
+            error = None
+            for (key, a, name), (ok, result) in zip(todo, _run_tasks(load, todo, threads, setup)):
+                if not ok:
+                    if error is None:
+                        error = result
                     continue
-                for v in point["variants"]:
-                    count += len(self._load_kernels(device, key, arch, v["name"]))
-        return count
+                lib, kernels = result
+                self._libraries[(key, a, name)] = lib
+                self._device_kernels[(device, key, a, name)] = kernels
+            if error is not None:
+                raise error
+            return sum(len(self._device_kernels[(device, *t)]) for t in self._variants(arch))
 
     def describe(self) -> dict:
         """What `rose-aot inspect --json` prints: a summary of the index (no artifacts)."""
@@ -355,6 +449,62 @@ class KernelBundle:
             "families": self.index.get("families", {}),
             "points": points,
         }
+
+
+
+def _run_tasks(work, tasks: list[tuple], threads: int, setup=None) -> list[tuple[bool, object]]:
+    """(True, work(*task)) or (False, the exception it raised) for each task, in task order, on
+    up to `threads` threads: the calling thread and threads started here, each of which calls
+    `setup()` first (a failed setup fails the tasks that thread takes). One thread stops at the
+    first failure; several finish every task (the caller raises the first in task order
+    either way)."""
+    outcomes: list = [None] * len(tasks)
+    if threads <= 1 or len(tasks) <= 1:
+        for i, task in enumerate(tasks):
+            try:
+                outcomes[i] = (True, work(*task))
+            except Exception as exc:
+                outcomes[i] = (False, exc)
+                return outcomes[: i + 1]
+        return outcomes
+    pending = iter(range(len(tasks)))
+    take = threading.Lock()
+
+    def worker(prepare, catch) -> None:
+        failed = None
+        if prepare is not None:
+            try:
+                prepare()
+            except catch as exc:
+                failed = exc
+        while True:
+            with take:
+                i = next(pending, None)
+            if i is None:
+                return
+            if failed is not None:
+                outcomes[i] = (False, failed)
+                continue
+            try:
+                outcomes[i] = (True, work(*tasks[i]))
+            except catch as exc:
+                outcomes[i] = (False, exc)
+
+    # Helper threads hand the caller whatever they raise; the calling thread lets a
+    # KeyboardInterrupt through (after the helpers finish).
+    helpers = [
+        threading.Thread(target=worker, args=(setup, BaseException), name=f"rose-aot load {n}",
+                         daemon=True)
+        for n in range(min(threads, len(tasks)) - 1)
+    ]
+    for t in helpers:
+        t.start()
+    try:
+        worker(None, Exception)
+    finally:
+        for t in helpers:
+            t.join()
+    return outcomes
 
 
 class KernelHandle:

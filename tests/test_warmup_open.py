@@ -1,0 +1,124 @@
+"""Warmup: open_bundle checks the records and leaves each artifact's decompression and check to
+its first load, which verifies it before the driver sees a byte; preload may do that on threads.
+
+Real bundles (the tiny session build, two archs); no GPU. Where a test needs to see what a load
+hands the driver, it records the driver's load calls instead of making them: it shows what
+would be handed over, never that a kernel runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from rose_aot.bundle import BundleReader
+from rose_aot.cli import main as cli
+from rose_aot.errors import ArgumentError, BundleError
+from rose_aot.loader import KernelBundle, driver, open_bundle
+
+from fixtures_tiny import rewrite_bundle
+
+
+def _rms_point(index: dict, arch: str, fused: str = "false") -> dict:
+    return next(p for p in index["points"] if p["family"] == "rms_norm" and p["arch"] == arch
+                and f"fused_residual={fused}" in p["key"])
+
+
+def _swap_cubins(index: dict, arch: str, fused: str = "false") -> None:
+    """The decode and prefill cubins of one point swapped, the record digests with them: the
+    index is consistent, only the record check of the cubin can tell."""
+    point = _rms_point(index, arch, fused)
+    decode, prefill = (next(v for v in point["variants"] if v["name"] == n)
+                       for n in ("decode", "prefill"))
+    assert decode["block"] != prefill["block"]
+    for field in ("cubin", "cubin_sha256"):
+        decode[field], prefill[field] = prefill[field], decode[field]
+
+
+@pytest.fixture
+def recorded_loads(monkeypatch):
+    """The images the loader would hand cuLibraryLoadData, in order."""
+    images = []
+
+    def load_library(image, what):
+        images.append(bytes(image))
+        return object()
+
+    monkeypatch.setattr(driver, "load_library", load_library)
+    monkeypatch.setattr(driver, "get_kernel", lambda lib, name: name)
+    monkeypatch.setattr(driver, "kernel_function", lambda kernel, name: name)
+    return images
+
+
+def test_open_decompresses_no_artifact(tiny_build, monkeypatch):
+    """Opening reads the index only; checking one arch's artifacts decompresses exactly that
+    arch's cubins (a point of another arch costs nothing)."""
+    asked = []
+    real = BundleReader.blob
+    monkeypatch.setattr(BundleReader, "blob", lambda self, name: asked.append(name) or real(self, name))
+    bundle = open_bundle(tiny_build.path)
+    assert asked == []
+    assert bundle.check_artifacts("sm_90a") == len(asked) > 0
+    cubins = sorted(v["cubin"] for (k, a), p in bundle._points.items() if a == "sm_90a"
+                    for v in p["variants"])
+    assert sorted(asked) == cubins
+    assert KernelBundle(BundleReader.open(tiny_build.path)).check_artifacts() > len(cubins)
+
+
+def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
+    tiny_build, tmp_path, recorded_loads
+):
+    bad = rewrite_bundle(tiny_build.path, tmp_path / "swapped.rosebundle",
+                         edit_index=lambda index: _swap_cubins(index, "sm_100a"))
+    bundle = open_bundle(bad)  # the records are fine; the swapped cubin is not loaded yet
+    key = _rms_point(bundle.index, "sm_100a")["key"]
+    assert key in bundle.points("sm_100a")
+    bundle.check_artifacts("sm_90a")  # the other arch loads
+
+    with pytest.raises(BundleError) as first_load:
+        bundle._load_variant(0, key, "sm_100a", "decode")
+    message = str(first_load.value)
+    assert message.startswith(f"{bad}: {key} on sm_100a: the cubin of variant decode does not "
+                              "match its record (")
+    assert "misplaced or damaged" in message and "rose-aot build" in message
+    assert recorded_loads == [], "an unverified cubin reached the driver"
+    with pytest.raises(BundleError) as again:  # never marked as checked
+        bundle.verified_image(key, "sm_100a", "decode")
+    assert str(again.value) == message
+
+    # rose-aot verify and the eager KernelBundle refuse the file with the same words.
+    with pytest.raises(BundleError) as eager:
+        KernelBundle(BundleReader.open(bad))
+    assert str(eager.value) == message
+    result = CliRunner().invoke(cli, ["verify", str(bad)])
+    assert result.exit_code == 1 and "does not match its record" in result.output
+
+    # A good variant hands the driver exactly its verified cubin.
+    good = _rms_point(bundle.index, "sm_90a")
+    lib, kernels = bundle._load_variant(0, good["key"], "sm_90a", "decode")
+    variant = next(v for v in good["variants"] if v["name"] == "decode")
+    assert recorded_loads == [bundle.reader.blob(variant["cubin"])]
+    assert kernels == variant["entries"]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4, 16])
+def test_check_artifacts_raises_the_first_error_in_point_order(tiny_build, tmp_path, threads):
+    def break_two(index):
+        _swap_cubins(index, "sm_100a", "true")
+        _swap_cubins(index, "sm_90a", "false")
+
+    bad = rewrite_bundle(tiny_build.path, tmp_path / "two.rosebundle", edit_index=break_two)
+    first = min(_rms_point(open_bundle(bad).index, arch, fused)["key"] + "@" + arch
+                for arch, fused in (("sm_100a", "true"), ("sm_90a", "false")))
+    key, arch = first.split("@")
+    for _ in range(5):  # whichever thread gets there first
+        with pytest.raises(BundleError, match=rf"{key.replace('(', '.').replace(')', '.')} on "
+                                              rf"{arch}: the cubin of variant decode"):
+            open_bundle(bad).check_artifacts(threads=threads)
+    assert open_bundle(tiny_build.path).check_artifacts(threads=threads) > 0
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 1.5, "4"])
+def test_preload_threads_must_be_a_positive_int(tiny_build, threads):
+    with pytest.raises(ArgumentError, match="threads must be a positive int"):
+        open_bundle(tiny_build.path).preload(threads=threads)
