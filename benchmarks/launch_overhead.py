@@ -16,7 +16,9 @@ and for the floors: the same prepacked launch through the plain cuLaunchKernel e
 bundle has one, a one-token rms_norm launch with programmatic dependent launch (the
 attributed launches; "bindings" cannot make those). The loader's default is
 `driver.launch_api()` (printed as `default_api`); `rose_aot_call_us` and `ratio_to_torch_mul`
-are for it.
+are for it. With the C extension built, the checks of every API's call run in C;
+`python_loader_call_us` is the call with the extension hidden (generated Python checks and
+launchers), and `argument_checks_c_us` / `argument_checks_python_us` the two checks alone.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _driver_call(prepared, params: int, stream: int):
     from rose_aot.loader import driver
 
     call, config = prepared.bind(params), prepared.config
-    if prepared.api == "ctypes-ex":
+    if prepared.api in ("native", "ctypes-ex"):  # a native PreparedLaunch calls as ctypes-ex
         def launch():
             config.hStream = stream
             return call()
@@ -67,6 +69,20 @@ def _driver_call(prepared, params: int, stream: int):
         def launch():
             return call(stream_object, params, 0)[0]
     return launch
+
+
+def _api_figures(per_call, handle, args, packer, prepared) -> dict:
+    """The whole call through `prepared`'s API, and its driver call alone: prepacked for the
+    Python APIs, the C launcher with the call's atoms (its pack included) for "native"."""
+    dev = args[0].get_device()
+    stream = handle._raw_stream(dev)
+    if prepared.api == "native":
+        go = handle._launchers[handle._fast_arch][(dev, 1)]
+        atoms = handle._state(dev)[1].fast_bind(args)[2]
+        driver_call = per_call(lambda: go(stream, *atoms))
+    else:
+        driver_call = per_call(_driver_call(prepared, packer.address, stream))
+    return {"call_us": per_call(lambda: handle(*args)), "driver_call_us": driver_call}
 
 
 def _resolved_launch(handle, args, sizes):
@@ -122,29 +138,39 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
     default = driver.launch_api()
     apis: dict = {"no_attributes": {}, "attributed": {}}
     pdl = _pdl_point(bundle)
+    built = [api for api in driver.LAUNCH_APIS if api != "native" or driver.native()]
     try:
-        for api in driver.LAUNCH_APIS:
+        for api in built:
             driver.set_launch_api(plain=api)
             # resolving runs the call once: the buffer holds its parameters
             packer, _name, prepared = _resolved_launch(handle, args, (1,))
             assert prepared.api == api and not prepared.attributes
-            launch = _driver_call(prepared, packer.address, handle._raw_stream(q.get_device()))
-            apis["no_attributes"][api] = {"call_us": per_call(lambda: handle(*args)),
-                                          "driver_call_us": per_call(launch)}
+            apis["no_attributes"][api] = _api_figures(per_call, handle, args, packer, prepared)
         if pdl is not None:
             pdl_handle, pdl_args = pdl
-            for api in ("ctypes-ex", "bindings-ex"):
+            for api in [a for a in built if a != "bindings"]:
                 driver.set_launch_api(attributed=api)
                 packer, _name, prepared = _resolved_launch(pdl_handle, pdl_args, (1,))
                 assert prepared.api == api and prepared.attributes
-                launch = _driver_call(prepared, packer.address,
-                                      pdl_handle._raw_stream(pdl_args[0].get_device()))
-                apis["attributed"][api] = {"call_us": per_call(lambda: pdl_handle(*pdl_args)),
-                                           "driver_call_us": per_call(launch),
-                                           "attributes": list(prepared.attributes)}
+                apis["attributed"][api] = {
+                    **_api_figures(per_call, pdl_handle, pdl_args, packer, prepared),
+                    "attributes": list(prepared.attributes)}
     finally:
         driver.set_launch_api(**default)
     out["apis"] = apis
+    # The loader without its C extension (generated Python checks and launchers), as every
+    # call ran before it: a fresh handle made while driver.native() answers None.
+    real_native = driver.native
+    try:
+        driver.native = lambda: None
+        driver.set_launch_api(plain="bindings", attributed="ctypes-ex")
+        python_handle = bundle.kernel("qk_norm", **cfg)
+        python_handle(*args)
+        out["python_loader_call_us"] = per_call(lambda: python_handle(*args))
+    finally:
+        driver.native = real_native
+        driver._launch_api.clear()
+        driver.set_launch_api(**default)
 
     # The pieces, with the default API.
     packer, name, prepared = _resolved_launch(handle, args, (1,))
@@ -178,11 +204,15 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
         ops = torch_ops.register(bundle)
     except Exception as exc:  # reported, not fatal: the eager handle is the figure asked for
         print(f"torch ops not measured: {exc}")
+    checker = binder.native_checker()
+    if checker is not None:
+        native_bind = driver.native().bind
+        out["argument_checks_c_us"] = per_call(lambda: native_bind(checker, args))
     out.update({
         "rose_aot_call_us": per_call(lambda: handle(*args)),
         "hot_path_us": per_call(lambda: handle._fast_launch(args)),  # all but __call__ itself
-        "argument_checks_us": per_call(lambda: binder.fast_bind(args)),
-        "launcher_us": per_call(lambda: go(stream, *atoms)),  # packs + driver call, locked
+        "argument_checks_python_us": per_call(lambda: binder.fast_bind(args)),
+        "launcher_us": per_call(lambda: go(stream, *atoms)),  # packs + driver call
         "launch_attributes": list(prepared.attributes),
         "current_stream_us": per_call(lambda: raw_stream(dev)),
         "driver_call_us": per_call(_driver_call(prepared, params, stream)),

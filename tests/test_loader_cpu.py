@@ -861,7 +861,7 @@ def cpu_device_bundle(shipped_build, monkeypatch):
     monkeypatch.setattr(driver, "PreparedLaunch", _FakePrepared)
     monkeypatch.setattr(driver, "STREAM_OBJECTS", {})
     monkeypatch.setattr(driver, "stream_object", lambda raw: ("stream object", raw))
-    monkeypatch.setattr(driver, "_launch_api", dict(driver._launch_api))
+    monkeypatch.setattr(driver, "_launch_api", dict(driver._PYTHON_DEFAULT))
     bundle = open_bundle(shipped_build.path)
     bundle._device_arch[-1] = "sm_90a"
     bundle._sm_counts[-1] = 132
@@ -873,9 +873,14 @@ def cpu_device_bundle(shipped_build, monkeypatch):
     return bundle
 
 
-def test_a_handle_generates_no_code_until_a_device_uses_it(cpu_device_bundle, monkeypatch):
-    from rose_aot.loader import args as args_module, runtime
+@pytest.mark.parametrize("checks", ["python", "native"])
+def test_a_handle_generates_no_code_until_a_device_uses_it(cpu_device_bundle, monkeypatch, checks):
+    from rose_aot.loader import args as args_module, driver, runtime
 
+    if checks == "python":  # no C extension: the hot path's checks are generated Python
+        monkeypatch.setattr(driver, "native", lambda: None)
+    elif driver.native() is None:
+        pytest.skip("the C extension rose_aot.loader._native is not built")
     compiled = []
 
     def counting(source, filename, mode):
@@ -891,10 +896,11 @@ def test_a_handle_generates_no_code_until_a_device_uses_it(cpu_device_bundle, mo
     assert binder.fast_bind(tuple(_qk_tensors())) is not None  # (this binder allows CPU)
     assert binder.fast_bind(tuple(_qk_tensors())) is not None
     assert [f.split()[1] for f in compiled] == ["fast_bind"]  # compiled once, on first use
-    handle._state(-1)  # the first device: its arch's hot path
-    assert [f.split()[1] for f in compiled] == ["fast_bind", "fast_launch"]
-    handle._resolve(-1, (TOKENS,), None)  # a plan: its launcher
-    assert [f.split()[1] for f in compiled] == ["fast_bind", "fast_launch", "launcher"]
+    handle._state(-1)  # the first device: its arch's hot path (C checks: nothing generated)
+    hot = ["fast_launch"] if checks == "python" else []
+    assert [f.split()[1] for f in compiled] == ["fast_bind", *hot]
+    handle._resolve(-1, (TOKENS,), None)  # a plan: its launcher (Python: the fake driver's)
+    assert [f.split()[1] for f in compiled] == ["fast_bind", *hot, "launcher"]
 
 
 @pytest.mark.parametrize("api", ["ctypes-ex", "bindings", "bindings-ex"])
@@ -928,11 +934,14 @@ def test_launch_api_choice_is_checked():
     from rose_aot.loader import driver
 
     before = driver.launch_api()
-    with pytest.raises(ArgumentError, match="'cublas' is not one of ctypes-ex, bindings"):
+    with pytest.raises(ArgumentError, match="'cublas' is not one of native, ctypes-ex, bindings"):
         driver.set_launch_api(plain="cublas")
     with pytest.raises(ArgumentError, match="cannot launch with attributes"):
         driver.set_launch_api(attributed="bindings")
-    assert driver.launch_api() == before == {"plain": "bindings", "attributed": "ctypes-ex"}
+    default = "native" if driver.native() else None
+    assert driver.launch_api() == before == (
+        {"plain": "native", "attributed": "native"} if default
+        else {"plain": "bindings", "attributed": "ctypes-ex"})
     # cuLaunchKernel has no place for attributes: refused before the driver is touched.
     with pytest.raises(ArgumentError, match="only the -ex ones take attributes"):
         driver.PreparedLaunch(0x1000, (1, 1, 1), (32, 1, 1), 0, pdl=True, api="bindings")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import shutil
 import subprocess
 import sys
@@ -104,6 +105,9 @@ PROBE = textwrap.dedent(
              ("ctypes-ex", {"pdl": True}), ("bindings-ex", {"pdl": True}),
              ("ctypes-ex", {"cooperative": True, "cluster": (2, 1, 1)}),
              ("bindings-ex", {"cooperative": True, "cluster": (2, 1, 1)})]
+    if driver.native() is not None:  # its checked path: the same call as ctypes-ex
+        cases += [("native", {}), ("native", {"pdl": True}),
+                  ("native", {"cooperative": True, "cluster": (2, 1, 1)})]
     for api, attrs in cases:
         prepared = driver.PreparedLaunch(0xF00D000, (3, 2, 1), (128, 1, 1), 4096, api=api, **attrs)
         code = prepared(0x5150, ctypes.addressof(params))
@@ -128,6 +132,8 @@ PROBE = textwrap.dedent(
             torch.randn(128, generator=gen).to(torch.bfloat16),
             torch.randn(128, generator=gen).to(torch.bfloat16))
     for api in driver.LAUNCH_APIS:
+        if api == "native" and driver.native() is None:
+            continue
         driver.set_launch_api(plain=api)
         handle = bundle.kernel("qk_norm", num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)
         handle._state(-1)
@@ -153,7 +159,43 @@ PROBE = textwrap.dedent(
         got["locked_after_error"] = handle._lock.locked()
         handle(*args)
         got["launches_after_error"] = last.calls - before
+        # a value its field cannot hold (a 2**40 stride in an int32 field... none here: the
+        # checks bound every extent) is refused by the C packer before any driver call
         out["handle"][api] = got
+
+    # The C launcher alone: two launches with attributes, each atom's bytes, a failure naming
+    # the launch, a value that does not fit launching nothing.
+    out["native"] = None
+    native = driver.native()
+    if native is not None:
+        failures = []
+
+        def fail(code, index):
+            failures.append((code, index))
+            raise DeviceError(f"launch {index}: {code}")
+
+        launches = []
+        for j, attrs in enumerate((((6, (1,)),), ((2, (1,)), (4, (2, 1, 1))))):
+            launches.append((0xAB000 + j, (5 + j, 1, 1), (64, 2, 1), 256 * j, attrs, 24, (0, 8),
+                             ((0, "Q", 0, 0), (8, "i", 1, 0), (12, "i", -1, 99), (16, "q", 2, 0))))
+        go = native.plan(ctypes.cast(driver._ex_types()[2], ctypes.c_void_p).value, fail, 3,
+                         tuple(launches))
+        before = last.calls
+        go(0x4242, 0xDEAD0, -7, 2**40)
+        result = {"two": {**seen(), "launches": last.calls - before}}
+        stub.stub_set_code(999)
+        try:
+            go(0x4242, 0xDEAD0, -7, 2**40)
+        except DeviceError as exc:
+            result["error"] = str(exc)
+        stub.stub_set_code(0)
+        result["failures"] = failures
+        before = last.calls
+        try:
+            go(0x4242, 0xDEAD0, 2**31, 5)
+        except OverflowError:
+            result["overflow_launches"] = last.calls - before
+        out["native"] = result
     print(json.dumps(out))
     """
 )
@@ -198,20 +240,49 @@ def test_each_api_hands_the_driver_the_prepared_launch(probe):
         assert case["attrs"] == want, what
 
 
-@pytest.mark.parametrize("api", ["ctypes-ex", "bindings", "bindings-ex"])
+APIS = ["native", "ctypes-ex", "bindings", "bindings-ex"]
+
+
+def _handle(probe, api):
+    if api not in probe["handle"]:
+        pytest.skip("rose_aot.loader._native is not built")
+    return probe["handle"][api]
+
+
+@pytest.mark.parametrize("api", APIS)
 def test_handle_hot_path_launches_through_each_api(probe, api):
-    got = probe["handle"][api]
+    got = _handle(probe, api)
     assert got["api"] == api and got["launches"] == 1
     assert got["entry"] == ("cuLaunchKernel" if api == "bindings" else "cuLaunchKernelEx")
     assert got["function"] == got["want_function"] and got["stream"] == 0x7777
     assert got["grid"] == got["want_grid"] and got["block"] == got["want_block"]
-    assert got["params"] == got["want_params"] and got["attrs"] == []
+    assert got["attrs"] == []
+    if api != "native":  # the C launcher packs into buffers of its own
+        assert got["params"] == got["want_params"]
     assert got["bytes"] == got["want_bytes"]  # what the checked path packs
 
 
-@pytest.mark.parametrize("api", ["ctypes-ex", "bindings", "bindings-ex"])
+@pytest.mark.parametrize("api", APIS)
 def test_failed_launch_raises_and_releases_the_lock(probe, api):
-    got = probe["handle"][api]
+    got = _handle(probe, api)
     assert got["error"] is not None and "CUDA_ERROR_STUB (stub says no)" in got["error"]
     assert "launching qk_norm(" in got["error"]
     assert got["locked_after_error"] is False and got["launches_after_error"] == 3
+
+
+def test_c_launcher_hands_the_driver_each_launch(probe):
+    got = probe["native"]
+    if got is None:
+        pytest.skip("rose_aot.loader._native is not built")
+    two = got["two"]
+    assert two["launches"] == 2 and two["entry"] == "cuLaunchKernelEx"
+    # the stub keeps the last call: launch 1, with its own function, grid, smem and attributes
+    assert two["function"] == 0xAB001 and two["grid"] == [6, 1, 1] and two["block"] == [64, 2, 1]
+    assert two["smem"] == 256 and two["stream"] == 0x4242 and two["extra"] is None
+    assert two["attrs"] == [[2, 1, 0, 0], [4, 2, 1, 1]]
+    want = struct.pack("<QiiQ", 0xDEAD0, -7, 99, 2**40)
+    assert bytes.fromhex(two["bytes"])[:24] == want
+    # a failed launch: fail(code, index) raises, nothing after it runs
+    assert got["failures"] == [[999, 0]] and got["error"] == "launch 0: 999"
+    # 2**31 does not fit the int32 field: OverflowError before the first driver call
+    assert got["overflow_launches"] == 0

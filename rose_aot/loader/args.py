@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from functools import cached_property
+from functools import cached_property, partial
 
 from ..errors import ArgumentError
 from ..kernels.record import ParamRecord
@@ -93,11 +93,16 @@ class ArgBinder:
         seen_device = False
 
         raw: dict[tuple[int, str, int], str] = {}  # the same facts as local expressions
+        # The same checks as data, for the C hot path (rose_aot/loader/_native.c, `checker`):
+        # per argument a tuple, atoms by index; `first_atom` is first_use by atom index.
+        spec: list[tuple] = []
+        first_atom: dict[str, int] = {}
 
         def atom(key, expr):
             self.atoms[key] = f"a[{len(atoms)}]"
             raw[key] = expr
             atoms.append(expr)
+            return len(atoms) - 1
 
         for i, a in enumerate(self.args):
             v = f"v{i}"
@@ -108,7 +113,8 @@ class ArgBinder:
                 if bounds is not None:
                     cond += f" or not {bounds[0]} <= {v} <= {bounds[1]}"
                 lines.append(f"    if {cond}: return None")
-                atom((i, "scalar", 0), v)
+                spec.append(("scalar", atom((i, "scalar", 0), v), types,
+                             *(bounds if bounds is not None else (None, None))))
                 continue
             env[f"D{i}"] = self._dtypes[a.name]
             # type() first: plain tensors pass with one comparison
@@ -122,9 +128,13 @@ class ArgBinder:
                 lines.append(f"    if not {is_tensor} or {v}.dtype is not D{i} or "
                              f"{v}.get_device() != dev: return None")
             static = not any(isinstance(d, Dim) for d in a.shape)
+            extents: list[tuple[int, int]] = []  # per mode (atom, first use's atom) or (-1, value)
+            strides: list[tuple[int, int, int]] = []  # the same, then the divisibility
+            contiguous = None
             if static and tuple(a.stride) == _contiguous(tuple(a.shape)):
                 # A fixed, contiguous tensor: its extents and strides are constants.
                 shape = tuple(int(d) for d in a.shape)  # ints only: the text is executed
+                contiguous = shape
                 lines.append(f"    if {v}.shape != {shape!r} or not {v}.is_contiguous(): return None")
                 for m, (extent, stride) in enumerate(zip(a.shape, a.stride)):
                     self.atoms[(i, "extent", m)] = raw[(i, "extent", m)] = str(int(extent))
@@ -141,12 +151,14 @@ class ArgBinder:
                     if not isinstance(d, Dim):
                         conds.append(f"{got} != {int(d)}")
                         self.atoms[(i, "extent", m)] = raw[(i, "extent", m)] = str(int(d))
+                        extents.append((-1, int(d)))
                         continue
                     if d.name in first_use:
                         conds.append(f"{got} != {first_use[d.name]}")
                     else:
                         first_use[d.name] = got
-                    atom((i, "extent", m), got)
+                    index = atom((i, "extent", m), got)
+                    extents.append((index, first_atom.setdefault(d.name, index)))
                 lines.append(f"    if {' or '.join(conds)}: return None")
                 lines.append(f"    t{i} = {v}.stride()")
                 conds = []
@@ -155,6 +167,7 @@ class ArgBinder:
                     if not isinstance(st, Dim):
                         conds.append(f"{got} != {int(st)}")
                         self.atoms[(i, "stride", m)] = raw[(i, "stride", m)] = str(int(st))
+                        strides.append((-1, int(st), 1))
                         continue
                     if st.divisibility > 1:
                         conds.append(f"{got} % {int(st.divisibility)}")
@@ -162,13 +175,17 @@ class ArgBinder:
                         conds.append(f"{got} != {first_use[st.name]}")
                     else:
                         first_use[st.name] = got
-                    atom((i, "stride", m), got)
+                    index = atom((i, "stride", m), got)
+                    strides.append((index, first_atom.setdefault(st.name, index),
+                                    int(st.divisibility)))
                 if conds:
                     lines.append(f"    if {' or '.join(conds)}: return None")
             lines.append(f"    p{i} = {v}.data_ptr()")
             if a.align > 1:
                 lines.append(f"    if p{i} % {int(a.align)}: return None")
-            atom((i, "ptr", 0), f"p{i}")
+            spec.append(("tensor", atom((i, "ptr", 0), f"p{i}"), self._dtypes[a.name],
+                         contiguous, len(a.shape), tuple(extents), tuple(strides),
+                         max(1, int(a.align))))
         if not seen_device:
             lines.append("    return None")
             device_line = len(lines)
@@ -179,14 +196,41 @@ class ArgBinder:
         self._atom_exprs = atoms
         self.atom_count = len(atoms)
         self._size_exprs = [raw[(i, "extent", m)] for i, m in size_sources]
+        sizes = []
+        for i, m in size_sources:
+            key = self.atoms[(i, "extent", m)]
+            sizes.append((int(key[2:-1]), 0) if key.startswith("a[") else (-1, int(key)))
+        self.native_spec = (tuple(spec), tuple(sizes), len(atoms), self._min_device)
+
+    def native_checker(self):
+        """The same checks in C (rose_aot/loader/_native.c), from `native_spec`; None where
+        the extension is missing or the spec is beyond it (more than 64 atoms...)."""
+        from . import driver
+
+        module = driver.native()
+        if module is None:
+            return None
+        try:
+            return module.checker(self.native_spec, self._tensor_types)
+        except ValueError:
+            return None
 
     def compile_fast_launch(self, launchers: dict, stream):
-        """Generate `fast_launch(values) -> bool`, the whole hot path of a repeated call: the
-        checks (`_checks`), then the launcher resolved for (device, *sizes) in `launchers`,
-        called as `launcher(stream(device), *atoms)`. Returns False, having launched nothing,
-        when a check fails or no launcher is resolved yet (the caller then takes the checked
-        path, which resolves one); no tuple is built but the lookup key. A CPU tensor (device
-        -1) finds no launcher: `launchers` holds only the devices calls were resolved for."""
+        """`fast_launch(values) -> bool`, the whole hot path of a repeated call: the checks
+        (`_checks`), then the launcher resolved for (device, *sizes) in `launchers`, called as
+        `launcher(stream(device), *atoms)`. Returns False, having launched nothing, when a
+        check fails or no launcher is resolved yet (the caller then takes the checked path,
+        which resolves one). A CPU tensor (device -1) finds no launcher: `launchers` holds
+        only the devices calls were resolved for.
+
+        In C where the extension is built (`_native.fast` over `native_spec`: the same
+        checks, and a launcher made by driver.native_launcher runs without a Python call);
+        else generated Python, in which no tuple is built but the lookup key."""
+        checker = self.native_checker()
+        if checker is not None:
+            from . import driver
+
+            return partial(driver.native().fast, checker, launchers, stream)
         key = "".join(f", {s}" for s in self._size_exprs)
         atoms = "".join(f", {x}" for x in self._atom_exprs)
         lines = [line.replace("return None", "return False") for line in self._checks]
@@ -343,6 +387,8 @@ class ParamPacker:
         offset = 0
         offsets = []
         self._sources: list[tuple[int, str, int, str]] = []  # (value index, kind, mode, dim)
+        # (byte offset in the buffer, struct format) of each field, in `_sources` order
+        self.layout: list[tuple[int, str]] = []
         for p in params:
             offset = -(-offset // max(8, p.align)) * max(8, p.align)  # each parameter 8-aligned
             offsets.append(offset)
@@ -352,10 +398,13 @@ class ParamPacker:
                     raise ValueError(f"parameter {p.name}: fields overlap")
                 fmt += (f"{pad}x" if pad else "") + f.fmt
                 self._sources.append((positions[p.name], f.kind, f.mode, f.dim))
+                self.layout.append((offset + f.offset, f.fmt))
             offset += p.size
         self.struct = struct.Struct(fmt)
         self.sizes = [p.size for p in params]
-        self.buffer = ctypes.create_string_buffer(max(8, -(-offset // 8) * 8))
+        self.offsets = tuple(offsets)
+        self.buffer_size = max(8, -(-offset // 8) * 8)
+        self.buffer = ctypes.create_string_buffer(self.buffer_size)
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * max(1, len(params)))(*[base + o for o in offsets])
         self.address = ctypes.addressof(self.pointers)
@@ -379,6 +428,22 @@ class ParamPacker:
                 # Pointer and scalar fields have no mode (-1); extents and strides name theirs.
                 exprs.append(atoms[(i, kind, 0 if kind in ("ptr", "scalar") else mode)])
         return exprs
+
+    def native_fields(self, atoms: dict[tuple[int, str, int], str], workspace_start: int) -> tuple:
+        """The fields as the C launch path takes them (rose_aot/loader/_native.c): per field
+        (offset, format, index of the call atom it carries or -1, the constant otherwise).
+        `atoms` is ArgBinder.atom_names (`aK` for atom K, a literal for a record constant).
+        Workspace pointers are not call atoms: a plan with workspace takes the Python
+        launchers (ValueError here)."""
+        fields = []
+        for (offset, fmt), expr in zip(self.layout, self.exprs(atoms, workspace_start)):
+            if expr.startswith("ws["):
+                raise ValueError("a workspace field has no call atom")
+            if expr.startswith("a"):
+                fields.append((offset, fmt, int(expr[1:]), 0))
+            else:
+                fields.append((offset, fmt, -1, int(expr)))
+        return tuple(fields)
 
     def compile(self, atoms: dict[tuple[int, str, int], str], workspace_start: int):
         """Generate `pack(a, ws) -> kernelParams address` for `ArgBinder.fast_bind`'s atoms `a`

@@ -25,6 +25,8 @@ __all__ = [
     "set_launch_api",
     "stream_object",
     "PreparedLaunch",
+    "native",
+    "native_launcher",
     "raise_launch_error",
 ]
 
@@ -142,27 +144,42 @@ _ATTR_CLUSTER_DIMENSION = 4
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 # How a prepared launch reaches the driver:
+#   "native"       cuLaunchKernelEx from C (rose_aot/loader/_native.c): a handle's hot path
+#                  hands the call's atoms to one C function that packs the parameters and
+#                  launches; only where that extension was built (`native()`);
 #   "ctypes-ex"    cuLaunchKernelEx through ctypes: a preallocated C CUlaunchConfig (the stream
 #                  written into it per call) and the other arguments prebuilt C values;
 #   "bindings"     cuLaunchKernel through cuda.bindings' wrapper; launches without attributes
 #                  only (it has no place for them);
 #   "bindings-ex"  cuLaunchKernelEx through cuda.bindings' wrapper and its CUlaunchConfig.
 # Which one a launch takes: `launch_api()`; benchmarks/launch_overhead.py measures them all.
-LAUNCH_APIS = ("ctypes-ex", "bindings", "bindings-ex")
-# The default came from the previous H200 run (the same prepacked launch 3.92 us through
-# cuda.bindings' cuLaunchKernel, 4.21 through ctypes' cuLaunchKernelEx). launch_overhead.py's
-# `apis` on two H200 hosts (2026-11-30, benchmarks/results/overhead-*.log) then put the full calls
-# of the three entries within 0.4 us of each other, in a different order on each host (plain:
-# ctypes-ex 10.97 / bindings 11.37 on one, 10.87 / 10.91 on the other): no entry is reliably
-# cheaper, so the default stays the one the GPU suite ran. Launches with attributes need an -ex
-# entry.
-_launch_api = {"plain": "bindings", "attributed": "ctypes-ex"}
+LAUNCH_APIS = ("native", "ctypes-ex", "bindings", "bindings-ex")
+# Without the C extension: cuda.bindings' cuLaunchKernel for plain launches (the previous H200
+# run: the same prepacked launch 3.92 us through it, 4.21 through ctypes' cuLaunchKernelEx; two
+# later hosts put the full calls of the three Python entries within 0.4 us of each other, in a
+# different order on each, benchmarks/results/overhead-*.log), ctypes' cuLaunchKernelEx for
+# launches with attributes (they need an -ex entry).
+_PYTHON_DEFAULT = {"plain": "bindings", "attributed": "ctypes-ex"}
+_launch_api: dict = {}  # set_launch_api's choices; the rest defaults (see launch_api)
+
+
+@cache
+def native():
+    """The C launch path (rose_aot.loader._native), or None where it was not built (an
+    install without a C compiler): launches then take the Python entries."""
+    try:
+        from . import _native
+    except ImportError:
+        return None
+    return _native
 
 
 def launch_api() -> dict:
     """{"plain": API of launches without attributes, "attributed": API of launches with
-    programmatic dependent launch, cooperative or cluster attributes} (see LAUNCH_APIS)."""
-    return dict(_launch_api)
+    programmatic dependent launch, cooperative or cluster attributes} (see LAUNCH_APIS).
+    By default "native" for both where the C extension is built, else _PYTHON_DEFAULT."""
+    default = {"plain": "native", "attributed": "native"} if native() else _PYTHON_DEFAULT
+    return {**default, **_launch_api}
 
 
 def set_launch_api(plain: str | None = None, attributed: str | None = None) -> dict:
@@ -171,11 +188,21 @@ def set_launch_api(plain: str | None = None, attributed: str | None = None) -> d
     from ..errors import ArgumentError
 
     before = launch_api()
+    for kind, api in (("plain", plain), ("attributed", attributed)):
+        if api is not None and not isinstance(api, str):
+            raise ArgumentError(f"a launch API is a string such as 'native' (got {api!r})")
     if plain is not None and plain not in LAUNCH_APIS:
         raise ArgumentError(f"launch API {plain!r} is not one of {', '.join(LAUNCH_APIS)}")
-    if attributed is not None and attributed not in ("ctypes-ex", "bindings-ex"):
+    if attributed is not None and attributed not in ("native", "ctypes-ex", "bindings-ex"):
         raise ArgumentError(
-            f"launch API {attributed!r} cannot launch with attributes; use ctypes-ex or bindings-ex"
+            f"launch API {attributed!r} cannot launch with attributes; use native, ctypes-ex "
+            "or bindings-ex"
+        )
+    if "native" in (plain, attributed) and native() is None:
+        raise ArgumentError(
+            "launch API 'native' needs the C extension rose_aot.loader._native, which this "
+            "install does not have; reinstall rose-aot where a C compiler is found "
+            "(`pip install -e .`), or use ctypes-ex / bindings"
         )
     _launch_api.update({k: v for k, v in (("plain", plain), ("attributed", attributed)) if v})
     return before
@@ -235,8 +262,8 @@ class PreparedLaunch:
 
     Not thread-safe on its own: callers hold the handle's lock, as for the parameter buffer."""
 
-    __slots__ = ("api", "config", "_attrs", "_launch", "function", "grid", "block", "smem",
-                 "attributes")
+    __slots__ = ("api", "config", "_attrs", "_attr_values", "_launch", "function", "grid",
+                 "block", "smem", "attributes")
 
     def __init__(self, function: int, grid, block, smem: int, *, pdl: bool = False,
                  cooperative: bool = False, cluster=(1, 1, 1), api: str | None = None):
@@ -248,7 +275,7 @@ class PreparedLaunch:
         if tuple(cluster) != (1, 1, 1):
             attrs.append((_ATTR_CLUSTER_DIMENSION, tuple(cluster)))
         if api is None:
-            api = _launch_api["attributed" if attrs else "plain"]
+            api = launch_api()["attributed" if attrs else "plain"]
         if api not in LAUNCH_APIS or (api == "bindings" and attrs):
             from ..errors import ArgumentError
 
@@ -259,7 +286,10 @@ class PreparedLaunch:
         self.api = api
         self.function, self.grid, self.block, self.smem = function, tuple(grid), tuple(block), smem
         self.attributes = tuple(ident for ident, _ in attrs)
-        if api == "ctypes-ex":
+        self._attr_values = tuple((ident, tuple(values)) for ident, values in attrs)
+        if api in ("native", "ctypes-ex"):
+            # "native": the C path takes the hot path's launches (native_launcher); a call
+            # through this object (the checked path) goes through ctypes.
             self._prepare_ctypes(attrs)
         elif api == "bindings-ex":
             self._prepare_bindings_ex(attrs)
@@ -315,7 +345,7 @@ class PreparedLaunch:
         would cost a call)."""
         import ctypes
 
-        if self.api == "ctypes-ex":
+        if self.api in ("native", "ctypes-ex"):
             return partial(self._launch, ctypes.c_void_p(kernel_params), None)
         if self.api == "bindings-ex":
             return partial(self._launch, kernel_params, 0)
@@ -324,7 +354,7 @@ class PreparedLaunch:
     def __call__(self, stream: int, kernel_params: int) -> int:
         import ctypes
 
-        if self.api == "ctypes-ex":
+        if self.api in ("native", "ctypes-ex"):
             self.config.hStream = stream
             return self._launch(ctypes.c_void_p(kernel_params), None)
         obj = STREAM_OBJECTS.get(stream)
@@ -334,6 +364,25 @@ class PreparedLaunch:
             self.config.hStream = obj
             return int(self._launch(kernel_params, 0)[0])
         return int(self._launch(obj, kernel_params, 0)[0])
+
+
+    def native_launch(self, buffer_size: int, param_offsets: tuple, fields: tuple) -> tuple:
+        """This launch as rose_aot.loader._native.plan takes it, with the parameter layout of
+        its buffer (ParamPacker.buffer_size / offsets / native_fields)."""
+        return (self.function, self.grid, self.block, self.smem, self._attr_values, buffer_size,
+                param_offsets, fields)
+
+
+def native_launcher(launches: tuple, atoms: int, fail):
+    """`go(stream, *atoms)` for the C launch path (a _native Launcher): `launches` as
+    PreparedLaunch.native_launch gives them, `atoms` the count of call atoms, `fail(code,
+    index)` raises for a failed launch. The launcher owns its parameter buffers (constants
+    written once); a call packs the atoms and launches with the GIL held throughout, so it
+    needs no lock."""
+    import ctypes
+
+    address = ctypes.cast(_ex_types()[2], ctypes.c_void_p).value
+    return native().plan(address, fail, atoms, tuple(launches))
 
 
 def raise_launch_error(code: int, what: str):

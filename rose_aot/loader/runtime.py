@@ -672,12 +672,23 @@ class KernelHandle:
             launchers.clear()  # in place: the generated hot path holds these dicts
 
     def _launcher(self, device: int, arch: str, resolved: tuple):
-        """`go(stream, *atoms)`: the resolved launches as one generated function (every
-        parameter buffer packed, then per launch the driver called on the stream, under the
-        handle's lock). The code is generated once per (arch, variants, driver APIs) and bound
-        here to this plan's buffers and prepared launches."""
+        """`go(stream, *atoms)`: the resolved launches as one call. Through the C launch path
+        where every launch takes the "native" API and the point has no workspace: a plan of
+        its own buffers, packed and launched in C (driver.native_launcher). Otherwise one
+        generated function (every parameter buffer packed, then per launch the driver called
+        on the stream, under the handle's lock), generated once per (arch, variants, driver
+        APIs) and bound here to this plan's buffers and prepared launches."""
         names = tuple(name for _, name, _ in resolved)
         apis = tuple(prepared.api for _, _, prepared in resolved)
+        fail = partial(self._launch_failed, names)
+        if not self._has_workspace and all(api == "native" for api in apis):
+            _, binder, _, _ = self._arch(arch)
+            launches = [
+                prepared.native_launch(packer.buffer_size, packer.offsets,
+                                       packer.native_fields(binder.atom_names, len(binder.args)))
+                for packer, _name, prepared in resolved
+            ]
+            return driver.native_launcher(launches, binder.atom_count, fail)
         make = self._factories.get((arch, names, apis))
         if make is None:
             record, binder, packers, _ = self._arch(arch)
@@ -690,8 +701,8 @@ class KernelHandle:
             bound += [packer.struct.pack_into, packer.buffer, prepared.config,
                       prepared.bind(packer.address), packer.address]
         scratch = partial(self._scratch, device) if self._has_workspace else None
-        return make(self._lock.acquire, self._lock.release, partial(self._launch_failed, names),
-                    scratch, driver.STREAM_OBJECTS, driver.stream_object, *bound)
+        return make(self._lock.acquire, self._lock.release, fail, scratch, driver.STREAM_OBJECTS,
+                    driver.stream_object, *bound)
 
     def _launch_failed(self, names: tuple, code: int, index: int):
         driver.raise_launch_error(code, f"launching {self.key} ({names[index]})")
@@ -727,8 +738,8 @@ class KernelHandle:
             try:
                 if self._fast_launch(args):
                     return None
-            except struct.error:  # a value outside its C field (e.g. an int32 extent):
-                pass  # nothing was launched; the checked path raises the precise error
+            except (struct.error, OverflowError):  # a value outside its C field (an int32
+                pass  # extent...): nothing was launched; the checked path raises the precise error
         return self._call_checked(args, variant)
 
     def _call_checked(self, args, variant) -> None:
@@ -779,7 +790,10 @@ def _launcher_factory(owner: str, fields: list[list[str]], atoms: int, workspace
     `streams` caches the driver's stream objects the "bindings" APIs take (`new_stream` makes
     one). Every buffer is packed before the first driver call, so a value that does not fit its
     field (struct.error) launches nothing; the lock is released whatever is raised."""
-    apis = tuple(apis or ("ctypes-ex",) * len(fields))
+    # "native" launches that reach here (a point with workspace) go through ctypes, as their
+    # PreparedLaunch does on the checked path.
+    apis = tuple("ctypes-ex" if api == "native" else api
+                 for api in (apis or ("ctypes-ex",) * len(fields)))
     slots = "".join(f", P{j}, B{j}, C{j}, L{j}, A{j}" for j in range(len(fields)))
     params = "".join(f", a{i}" for i in range(atoms))
     lines = [f"def make(acquire, release, fail, scratch, streams, new_stream{slots}):",
