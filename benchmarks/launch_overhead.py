@@ -19,6 +19,8 @@ attributed launches; "bindings" cannot make those). The loader's default is
 are for it. With the C extension built, the checks of every API's call run in C;
 `python_loader_call_us` is the call with the extension hidden (generated Python checks and
 launchers), and `argument_checks_c_us` / `argument_checks_python_us` the two checks alone.
+`side_by_side_us` times the rose-aot call, the Python-hot-path call and torch's `mul_` / `add_`
+in turns (11 rounds, order rotating; `side_by_side_ratio_to_torch_mul` is the goal's ratio).
 """
 
 from __future__ import annotations
@@ -45,6 +47,27 @@ def _per_call(launches: int, repeats: int):
         return statistics.median(samples)
 
     return per_call
+
+
+def _interleaved(launches: int, repeats: int, fns: dict) -> dict:
+    """Median µs per call of each of `fns`, timed in turns (one batch of each per round, the
+    order rotating), so that a host's drift during the run weighs on all of them alike: the
+    side-by-side figures the ratio to torch is taken from."""
+    import torch
+
+    samples: dict = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(launches):
+                fn()
+            elapsed = time.perf_counter() - start
+            torch.cuda.synchronize()
+            samples[name].append(elapsed / launches * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def _driver_call(prepared, params: int, stream: int):
@@ -166,11 +189,19 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
         driver.set_launch_api(plain="bindings", attributed="ctypes-ex")
         python_handle = bundle.kernel("qk_norm", **cfg)
         python_handle(*args)
-        out["python_loader_call_us"] = per_call(lambda: python_handle(*args))
     finally:
         driver.native = real_native
         driver._launch_api.clear()
         driver.set_launch_api(**default)
+    # The comparison the goal is about, in turns: the rose-aot call (default API), the same
+    # call through the Python hot path, and torch's eager elementwise ops on the same tensor.
+    side = _interleaved(launches, 11, {
+        "rose_aot": lambda: handle(*args), "python_loader": lambda: python_handle(*args),
+        "torch_mul": lambda: q.mul_(1.0), "torch_add": lambda: q.add_(1)})
+    out["side_by_side_us"] = side
+    out["side_by_side_ratio_to_torch_mul"] = side["rose_aot"] / side["torch_mul"]
+    out["side_by_side_ratio_to_torch_add"] = side["rose_aot"] / side["torch_add"]
+    out["python_loader_call_us"] = side["python_loader"]
 
     # The pieces, with the default API.
     packer, name, prepared = _resolved_launch(handle, args, (1,))
