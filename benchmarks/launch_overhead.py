@@ -31,20 +31,23 @@ import statistics
 import time
 
 
-def _per_call(launches: int, repeats: int):
+def _batch_us(fn, launches: int) -> float:
+    """Host µs per call of `launches` back-to-back calls of `fn` (the GPU drained before and
+    after, outside the clock)."""
     import torch
 
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(launches):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / launches * 1e6
+
+
+def _per_call(launches: int, repeats: int):
     def per_call(fn):
-        samples = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(launches):
-                fn()
-            elapsed = time.perf_counter() - start
-            torch.cuda.synchronize()
-            samples.append(elapsed / launches * 1e6)
-        return statistics.median(samples)
+        return statistics.median(_batch_us(fn, launches) for _ in range(repeats))
 
     return per_call
 
@@ -53,20 +56,11 @@ def _interleaved(launches: int, repeats: int, fns: dict) -> dict:
     """Median µs per call of each of `fns`, timed in turns (one batch of each per round, the
     order rotating), so that a host's drift during the run weighs on all of them alike: the
     side-by-side figures the ratio to torch is taken from."""
-    import torch
-
     samples: dict = {name: [] for name in fns}
     names = list(fns)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = fns[name]
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(launches):
-                fn()
-            elapsed = time.perf_counter() - start
-            torch.cuda.synchronize()
-            samples[name].append(elapsed / launches * 1e6)
+            samples[name].append(_batch_us(fns[name], launches))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
