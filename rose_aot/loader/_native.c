@@ -670,6 +670,27 @@ static int tuple_ll(PyObject *tuple, Py_ssize_t i, long long *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* The extents (or strides) of one tensor, `rank` ints of `tuple`, against their rules: a
+ * constant equals its value; a dynamic one divides by its divisibility (1 for extents) and
+ * equals its first use, and becomes an atom. 1: all pass; 0: one does not; -1: an exception. */
+static int check_modes(PyObject *tuple, Rule *rules, int rank, PyObject **atoms,
+                       long long *values) {
+    for (int m = 0; m < rank; m++) {
+        Rule *rule = &rules[m];
+        long long x;
+        if (tuple_ll(tuple, m, &x)) return -1;
+        if (rule->atom < 0) {
+            if (x != rule->value) return 0;
+            continue;
+        }
+        if (x % rule->divisibility || (rule->ref != rule->atom && x != values[rule->ref]))
+            return 0;
+        values[rule->atom] = x;
+        atoms[rule->atom] = Py_NewRef(PyTuple_GET_ITEM(tuple, m));
+    }
+    return 1;
+}
+
 /* The checks of one call, exactly those of ArgBinder._generate_checks. 1: accepted, with
  * `atoms` (new references), `values` (their C values, for the integer atoms) and the device of
  * the first tensor; 0: refused (nothing held); -1: an exception. `min_device_rule`: refuse a
@@ -724,13 +745,13 @@ static int run_checks(Checker *c, PyObject *args, PyObject **atoms, long long *v
             Py_DECREF(shape);
             goto refuse;
         }
+        int got = check_modes(shape, r->extents, r->rank, atoms, values);
+        Py_DECREF(shape);
+        if (got <= 0) {
+            if (got < 0) goto error;
+            goto refuse;
+        }
         if (r->contiguous) {
-            for (int m = 0; m < r->rank; m++) {
-                long long x;
-                if (tuple_ll(shape, m, &x)) { Py_DECREF(shape); goto error; }
-                if (x != r->extents[m].value) { Py_DECREF(shape); goto refuse; }
-            }
-            Py_DECREF(shape);
             PyObject *cont = call_method(v, str_is_contiguous);
             if (cont == NULL) goto error;
             int is = PyObject_IsTrue(cont);
@@ -738,41 +759,15 @@ static int run_checks(Checker *c, PyObject *args, PyObject **atoms, long long *v
             if (is < 0) goto error;
             if (!is) goto refuse;
         } else {
-            for (int m = 0; m < r->rank; m++) {
-                Rule *e = &r->extents[m];
-                long long x;
-                if (tuple_ll(shape, m, &x)) { Py_DECREF(shape); goto error; }
-                if (e->atom < 0) {
-                    if (x != e->value) { Py_DECREF(shape); goto refuse; }
-                    continue;
-                }
-                if (e->ref != e->atom && x != values[e->ref]) { Py_DECREF(shape); goto refuse; }
-                values[e->atom] = x;
-                atoms[e->atom] = Py_NewRef(PyTuple_GET_ITEM(shape, m));
-            }
-            Py_DECREF(shape);
             PyObject *strides = call_method(v, str_stride);
             if (strides == NULL) goto error;
-            if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != r->rank) {
-                Py_DECREF(strides);
+            got = PyTuple_Check(strides) && PyTuple_GET_SIZE(strides) == r->rank
+                      ? check_modes(strides, r->strides, r->rank, atoms, values) : 0;
+            Py_DECREF(strides);
+            if (got <= 0) {
+                if (got < 0) goto error;
                 goto refuse;
             }
-            for (int m = 0; m < r->rank; m++) {
-                Rule *s = &r->strides[m];
-                long long x;
-                if (tuple_ll(strides, m, &x)) { Py_DECREF(strides); goto error; }
-                if (s->atom < 0) {
-                    if (x != s->value) { Py_DECREF(strides); goto refuse; }
-                    continue;
-                }
-                if (x % s->divisibility || (s->ref != s->atom && x != values[s->ref])) {
-                    Py_DECREF(strides);
-                    goto refuse;
-                }
-                values[s->atom] = x;
-                atoms[s->atom] = Py_NewRef(PyTuple_GET_ITEM(strides, m));
-            }
-            Py_DECREF(strides);
         }
         PyObject *ptr = call_method(v, str_data_ptr);
         if (ptr == NULL) goto error;
