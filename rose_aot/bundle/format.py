@@ -9,7 +9,9 @@ Byte layout, integers little-endian::
     16      8      index length n, u64
     24      32     sha256 of the index bytes
     56      n      index: canonical JSON in ASCII
-                   (sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+                   (sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False);
+                   a reader requires what gives it one meaning: keys strictly increasing in
+                   every object, floats spelled as repr() spells them, no NaN or Infinity
     56 + n  ...    blob region: one zstd frame per blob, concatenated in sorted name order
 
 The index is the caller's JSON object plus a "blobs" table that this module owns::
