@@ -7,7 +7,7 @@
 #   LANE_C, GPU 1 (default: the MoE, activation/quantization, combine-sweep and fused-FP8
 #   dispatch benchmarks).
 # EP_STEP= (empty) skips the expert-parallel checks; EP_STEP=concurrency runs the two-GPU loader
-# test in that slot instead. Every step has its own time limit
+# test in that slot instead; a list runs each in turn there (the limit EP_LIMIT covers them all). Every step has its own time limit
 # (env <STEP>_LIMIT in seconds, e.g. TESTS_LIMIT=330) so a hang costs that step only.
 #
 #   OUT=... bash benchmarks/gpu_all.sh
@@ -58,7 +58,9 @@ for step in $EP_STEP ${LANE_A-overhead tests} ${LANE_B-warmup} ${LANE_C-moe act_
 done
 if [ -n "$EP_STEP" ]; then
     mkdir -p "$WORK/ep"
-    OUT="$WORK/ep" timeout "$(limit ep)" bash benchmarks/run_gpu.sh "$EP_STEP" > "$WORK/ep/console.log" 2>&1
+    # Unquoted: EP_STEP may list several steps, run in order alone on the machine (the quiet
+    # slot: e.g. EP_STEP="overhead concurrency" for host timings nothing else disturbs).
+    OUT="$WORK/ep" timeout "$(limit ep)" bash benchmarks/run_gpu.sh $EP_STEP > "$WORK/ep/console.log" 2>&1
     echo "== $EP_STEP (GPUs 0, 1) exit $?" | tee -a "$WORK/lanes.txt"
 fi
 # Unquoted on purpose: each lane is a space-separated list of steps.

@@ -14,6 +14,7 @@ __all__ = [
     "driver",
     "check",
     "load_library",
+    "make_primary_context_current",
     "get_kernel",
     "kernel_function",
     "set_max_dynamic_smem",
@@ -58,6 +59,25 @@ def check(result, what: str):
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
+
+
+# device -> its primary context, retained once per process (the context torch's runtime uses;
+# it lives as long as the process, so it is never released here).
+_PRIMARY_CONTEXTS: dict[int, object] = {}
+
+
+def make_primary_context_current(device: int) -> None:
+    """Make `device`'s primary context current in the calling thread. A thread that has made
+    no CUDA runtime call has no current context, and loading a module there fails with
+    CUDA_ERROR_INVALID_CONTEXT (torch's `with torch.cuda.device(d)` sets none when `d` is
+    already the thread's device)."""
+    cu = driver()
+    context = _PRIMARY_CONTEXTS.get(device)
+    if context is None:
+        dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+        context = check(cu.cuDevicePrimaryCtxRetain(dev), f"retaining cuda:{device}'s context")
+        context = _PRIMARY_CONTEXTS.setdefault(device, context)
+    check(cu.cuCtxSetCurrent(context), f"making cuda:{device}'s context current")
 
 
 def load_library(image: bytes, what: str):

@@ -318,7 +318,7 @@ class KernelBundle:
         import torch
 
         with self._lock, torch.cuda.device(device):
-            torch.cuda.current_stream(device)  # makes the primary context current
+            driver.make_primary_context_current(device)
             return self._load_kernels(device, key, arch, variant_name)
 
     def _load_kernels(self, device: int, key: str, arch: str, variant_name: str) -> list:
@@ -392,7 +392,7 @@ class KernelBundle:
         arch = self.arch_for_device(device)
         # One switch to the device's context for every load (not one per variant).
         with self._lock, torch.cuda.device(device):
-            torch.cuda.current_stream(device)  # makes the primary context current
+            driver.make_primary_context_current(device)
             todo = [t for t in self._variants(arch) if (device, *t) not in self._device_kernels]
             setup = None
             if threads > 1 and len(todo) > 1:

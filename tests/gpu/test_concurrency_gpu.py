@@ -95,3 +95,65 @@ def test_one_bundle_serves_every_gpu(bundle):
             torch.testing.assert_close(out.cpu().float(), want.float(), rtol=1e-2, atol=1e-2)
             assert norm.record(device).variants  # each device resolved its own arch's record
             assert bundle.sm_count(device) == torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_preload_on_threads_loads_every_kernel_that_then_runs(shipped_bundle_path, threads):
+    """preload(threads=N): helper threads make the device's context current and load their
+    share; every entry of the device's arch is loaded once, the handles launch from those
+    modules without loading anything more, and the result is the reference's."""
+    import torch
+
+    bundle = open_bundle(shipped_bundle_path)  # fresh: nothing loaded yet
+    device = torch.cuda.current_device()
+    arch = bundle.arch_for_device(device)
+    want = sum(len(v.entries) for key in bundle.points(arch)
+               for v in bundle.record(key, arch).variants)
+    assert bundle.preload(device, threads=threads) == want
+    loaded = dict(bundle._device_kernels)
+    assert sum(len(k) for (d, *_), k in loaded.items() if d == device) == want
+    norm = bundle.kernel("rms_norm", hidden=H, eps=1e-6, fused_residual=True)
+    gen = torch.Generator(device="cuda").manual_seed(threads)
+    for tokens in (1, 4096):  # the decode and the prefill variant
+        x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+        res = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.rand(H, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
+        r, out = res.clone(), torch.empty_like(x)
+        norm(x, r, w, out)
+        torch.cuda.synchronize()
+        want_out, want_res = _expected(norm, x, res, w)
+        torch.testing.assert_close(r.cpu(), want_res, rtol=0, atol=0)
+        torch.testing.assert_close(out.cpu().float(), want_out.float(), rtol=1e-2, atol=1e-2)
+    assert bundle._device_kernels == loaded  # the launches loaded nothing more
+
+
+def test_first_launch_from_a_thread_that_never_used_cuda(shipped_bundle_path):
+    """The first launch loads the variant's module: in a thread with no CUDA context current
+    yet (it made no runtime call; the tensors come from another thread), the loader makes the
+    device's primary context current itself."""
+    import torch
+
+    bundle = open_bundle(shipped_bundle_path)  # fresh: nothing loaded yet
+    norm = bundle.kernel("rms_norm", hidden=H, eps=1e-6, fused_residual=True)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(3, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    res = torch.randn(3, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.rand(H, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
+    r, out = res.clone(), torch.empty_like(x)
+    torch.cuda.synchronize()
+    errors: list = []
+
+    def first_launch():
+        try:
+            norm(x, r, w, out)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=first_launch)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    torch.cuda.synchronize()
+    want_out, want_res = _expected(norm, x, res, w)
+    torch.testing.assert_close(r.cpu(), want_res, rtol=0, atol=0)
+    torch.testing.assert_close(out.cpu().float(), want_out.float(), rtol=1e-2, atol=1e-2)
