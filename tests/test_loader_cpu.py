@@ -29,6 +29,7 @@ from rose_aot.kernels.record import ParamRecord
 from rose_aot.kernels.spec import Dim, TensorArg, param_size
 from rose_aot.loader import KernelBundle, open_bundle
 from rose_aot.loader.args import ArgBinder, ParamPacker
+from loader_samples import shipped_samples
 
 QK = dict(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)  # Qwen3-30B-A3B's q/k norm
 TOKENS = 5
@@ -952,62 +953,19 @@ def test_generated_fast_path_of_every_shipped_point_accepts_its_own_sample(bundl
     # (dynamic extents from the family's sample sizes) pass the generated checks, give the
     # sizes the plan reads, and pack the bytes the checked path packs.
     checked = 0
-    for key in bundle.points():
-        for arch in bundle.archs:
-            try:
-                record = bundle.record(key, arch)
-            except KeyError:
-                continue
-            values = _sample_arguments(record.args)
-            if values is None:
-                continue
-            binder = ArgBinder(key, record.args, allow_cpu=True)
-            bound = binder.fast_bind(tuple(values))
-            assert bound is not None, (key, arch)
-            dims, _, _ = binder.bind(tuple(values), meta=True)
-            pointers = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
-            positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
-            workspace = tuple(0x1000 * (i + 1) for i in range(len(record.workspace)))
-            for variant in record.variants:
-                packer = ParamPacker(positions, variant.params)
-                pack = packer.compile(binder.atoms, len(record.args))
-                fast = _packed(packer, pack(bound[2], workspace))
-                slow = _packed(packer, packer.pack(packer.values([*pointers, *workspace], dims)))
-                assert fast == slow, (key, arch, variant.name)
-            checked += 1
+    for key, arch, record, values in shipped_samples(bundle):
+        binder = ArgBinder(key, record.args, allow_cpu=True)
+        bound = binder.fast_bind(tuple(values))
+        assert bound is not None, (key, arch)
+        dims, _, _ = binder.bind(tuple(values), meta=True)
+        pointers = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
+        positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
+        workspace = tuple(0x1000 * (i + 1) for i in range(len(record.workspace)))
+        for variant in record.variants:
+            packer = ParamPacker(positions, variant.params)
+            pack = packer.compile(binder.atoms, len(record.args))
+            fast = _packed(packer, pack(bound[2], workspace))
+            slow = _packed(packer, packer.pack(packer.values([*pointers, *workspace], dims)))
+            assert fast == slow, (key, arch, variant.name)
+        checked += 1
     assert checked >= 10
-
-
-def _sample_arguments(args):
-    """CPU tensors (and scalars) laid out as `args` say: every dynamic extent 3, every dynamic
-    stride the contiguous one rounded up to its divisibility; None if the spec needs a layout
-    this simple rule cannot give (then another test covers it)."""
-    from rose_aot.kernels.spec import ScalarArg as _Scalar
-
-    dims: dict[str, int] = {}
-    out = []
-    for a in args:
-        if isinstance(a, _Scalar):
-            out.append(0.5 if a.dtype.startswith("float") else 1)
-            continue
-        shape = [dims.setdefault(d.name, 3) if isinstance(d, Dim) else d for d in a.shape]
-        strides = [0] * len(shape)
-        acc = 1
-        for m in reversed(range(len(shape))):
-            want = a.stride[m]
-            if isinstance(want, Dim):
-                value = dims.setdefault(want.name, -(-acc // want.divisibility) * want.divisibility)
-            else:
-                value = want
-            strides[m] = value
-            acc = value * shape[m]
-        dtype = getattr(torch, a.dtype) if a.dtype not in ("float4_e2m1fn_x2",) else torch.uint8
-        if dtype is torch.uint8 and a.dtype != "uint8":
-            return None
-        size = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-        storage = torch.zeros(size + 64, dtype=dtype)
-        offset = (-storage.data_ptr() % a.align) // storage.element_size()
-        if (storage.data_ptr() + offset * storage.element_size()) % a.align:
-            return None
-        out.append(storage.as_strided(shape, strides, offset))
-    return out

@@ -20,7 +20,7 @@ import torch
 from rose_aot.kernels.spec import Dim, ScalarArg
 from rose_aot.loader import driver, open_bundle
 from rose_aot.loader.args import ArgBinder, ParamPacker
-from test_loader_cpu import _sample_arguments
+from loader_samples import sample_arguments, shipped_samples
 
 native = driver.native()
 needs_native = pytest.mark.skipif(native is None, reason="rose_aot.loader._native is not built")
@@ -94,29 +94,21 @@ def _deformed(args, values):
 @needs_native
 def test_c_checks_accept_exactly_what_the_python_checks_accept(bundle):
     checked = accepted = refused = 0
-    for key in bundle.points():
-        for arch in bundle.archs:
-            try:
-                record = bundle.record(key, arch)
-            except KeyError:
-                continue
-            values = _sample_arguments(record.args)
-            if values is None:
-                continue
-            family = bundle.handle(key).family
-            sources = [next((i, m) for i, a in enumerate(record.args)
-                            for m, d in enumerate(getattr(a, "shape", ()))
-                            if getattr(d, "name", None) == size) for size in family.size_names]
-            binder = ArgBinder(key, record.args, sources, allow_cpu=True)
-            checker = binder.native_checker()
-            assert checker is not None, key
-            for what, case in _deformed(record.args, values):
-                want = binder.fast_bind(tuple(case))
-                got = native.bind(checker, tuple(case))
-                assert got == want, (key, arch, what)
-                checked += 1
-                accepted += want is not None
-                refused += want is None
+    for key, arch, record, values in shipped_samples(bundle):
+        family = bundle.handle(key).family
+        sources = [next((i, m) for i, a in enumerate(record.args)
+                        for m, d in enumerate(getattr(a, "shape", ()))
+                        if getattr(d, "name", None) == size) for size in family.size_names]
+        binder = ArgBinder(key, record.args, sources, allow_cpu=True)
+        checker = binder.native_checker()
+        assert checker is not None, key
+        for what, case in _deformed(record.args, values):
+            want = binder.fast_bind(tuple(case))
+            got = native.bind(checker, tuple(case))
+            assert got == want, (key, arch, what)
+            checked += 1
+            accepted += want is not None
+            refused += want is None
     # both outcomes seen many times, or the comparison proved little
     assert checked > 1000 and accepted > 100 and refused > 800, (checked, accepted, refused)
 
@@ -127,7 +119,7 @@ def test_c_checks_refuse_a_first_tensor_below_the_minimum_device(bundle):
     unless the binder allows CPU tensors, as the Python does."""
     key = next(k for k in bundle.points() if k.startswith("qk_norm"))
     record = bundle.record(key, bundle.archs[0])
-    values = tuple(_sample_arguments(record.args))
+    values = tuple(sample_arguments(record.args))
     strict = ArgBinder(key, record.args)
     assert strict.fast_bind(values) is None and native.bind(strict.native_checker(), values) is None
     loose = ArgBinder(key, record.args, allow_cpu=True)
@@ -155,25 +147,17 @@ def _never_called(code, index):
 @needs_native
 def test_c_launcher_packs_every_shipped_point_as_the_python_packer(bundle):
     compared = 0
-    for key in bundle.points():
-        for arch in bundle.archs:
-            try:
-                record = bundle.record(key, arch)
-            except KeyError:
-                continue
-            values = _sample_arguments(record.args)
-            if values is None:
-                continue
-            binder = ArgBinder(key, record.args, allow_cpu=True)
-            _, _, atoms = binder.fast_bind(tuple(values))
-            for variant, packer, launch in _launches(record, binder):
-                # address 1: never called; pack() writes what a launch would
-                go = native.plan(1, _never_called, binder.atom_count, (launch,))
-                native.pack(go, *atoms)
-                packer.compile(binder.atoms, len(record.args))(atoms, ())
-                want = bytes(packer.buffer)[: packer.buffer_size]
-                assert native.buffer(go, 0) == want, (key, arch, variant.name)
-                compared += 1
+    for key, arch, record, values in shipped_samples(bundle):
+        binder = ArgBinder(key, record.args, allow_cpu=True)
+        _, _, atoms = binder.fast_bind(tuple(values))
+        for variant, packer, launch in _launches(record, binder):
+            # address 1: never called; pack() writes what a launch would
+            go = native.plan(1, _never_called, binder.atom_count, (launch,))
+            native.pack(go, *atoms)
+            packer.compile(binder.atoms, len(record.args))(atoms, ())
+            want = bytes(packer.buffer)[: packer.buffer_size]
+            assert native.buffer(go, 0) == want, (key, arch, variant.name)
+            compared += 1
     assert compared > 50
 
 
