@@ -168,6 +168,35 @@ def test_plan_switch_point_grows_with_sm_count():
     assert switch(78) < switch(132) < switch(160)
 
 
+# The H200 sweep of both shapes forced (act_and_mul/tuning.py,
+# benchmarks/results/act_quant-*-switch-sweep-h200.md): (family, config, tokens, the faster shape).
+MEASURED_SWITCH = [
+    ("fp8_group_quant", {"hidden": 2048}, 512, "decode"),  # 1.92 vs 2.48 µs
+    ("fp8_group_quant", {"hidden": 2048}, 1024, "prefill"),  # 2.93 vs 3.16
+    ("fp8_group_quant", {"hidden": 4096}, 256, "decode"),  # 1.92 vs 2.47
+    ("fp8_group_quant", {"hidden": 4096}, 512, "prefill"),  # 2.91 vs 3.15
+    ("fp8_group_quant", {"hidden": 7168}, 128, "decode"),  # 1.83 vs 2.28
+    ("fp8_group_quant", {"hidden": 7168}, 512, "prefill"),  # 3.57 vs 4.99
+    ("block_scaled_quant", {"hidden": 7168, "format": "mxfp8"}, 128, "decode"),  # 2.00 vs 2.26
+    ("block_scaled_quant", {"hidden": 2048, "format": "mxfp8"}, 1024, "prefill"),  # 3.00 vs 3.13
+    ("block_scaled_quant", {"hidden": 2048, "format": "mxfp4"}, 1024, "decode"),  # 3.27 vs 3.67
+    ("block_scaled_quant", {"hidden": 7168, "format": "mxfp4"}, 256, "decode"),  # 3.02 vs 3.32
+    ("block_scaled_quant", {"hidden": 7168, "format": "mxfp4"}, 512, "prefill"),  # 4.69 vs 4.96
+    ("block_scaled_quant", {"hidden": 14336, "format": "mxfp4"}, 128, "decode"),  # 3.00 vs 3.28
+    ("fp8_token_quant", {"hidden": 2048}, 256, "decode"),  # 1.75 vs 1.87
+    ("fp8_token_quant", {"hidden": 7168}, 128, "prefill"),  # 2.00 vs 2.25
+]
+
+
+@pytest.mark.parametrize("family, values, tokens, faster", MEASURED_SWITCH)
+def test_plan_takes_the_shape_measured_faster_on_the_h200(family, values, tokens, faster):
+    fam, c = _point(family, **values)
+    a = get_arch("sm_90a")
+    variants = {v.name: v for v in fam.variants(c, a)}
+    (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count)
+    assert launch.variant == faster
+
+
 # ----------------------------------------------------------------------------- references: activations
 def _sigmoid(k: float) -> float:
     if k >= 0:

@@ -11,17 +11,30 @@ The same holds for act_and_mul_fp8_quant (act_quant-act_and_mul_fp8_quant-h200.m
 variants forced in one run): decode is faster at every width and token count, 2.3-2.6x from
 8192 tokens (d 7168, 32768 tokens: 400 vs 1044 µs), so it plans decode at every size too; and
 for nvfp4_quant (act_quant-block_scaled_quant-h200.md: 1.04-1.4x from 128 tokens).
-fp8_group_quant, fp8_token_quant and block_scaled_quant (MXFP8/MXFP4) keep the switch below:
-there the prefill shape wins from 8192 tokens (fp8_group_quant hidden 7168, 32768 tokens: 198
-vs 277 µs). The switch point itself (DECODE_WARPS_PER_SM) is the seed's recipe: at 128 tokens
-of width 7168-14336 the forced decode shape was 10-30% faster than the plan's prefill, and
-no token count between 128 and 8192 was measured.
+fp8_group_quant, fp8_token_quant and block_scaled_quant (MXFP8/MXFP4) switch to the prefill
+shape with the batch: there it wins from 8192 tokens (fp8_group_quant hidden 7168, 32768 tokens:
+198 vs 277 µs). Where: decode while tokens x vectors per row (width / 8 for bf16) <= 32 x
+warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 128, 256, 512,
+1024, 2048 and 4096 tokens of width 2048-14336 (H200, 2026-11-30, `ACT_QUANT_TOKENS=128,256,
+512,1024,2048,4096`, benchmarks/results/act_quant-<family>-switch-sweep-h200.{md,json}):
+- fp8_group_quant: decode wins up to 131072 vectors (512 tokens of 2048: 1.92 vs 2.48 µs; 128 of
+  7168: 1.83 vs 2.28), prefill from 262144 (1024 of 2048: 2.93 vs 3.16); at 229376 (256 of 7168,
+  128 of 14336) the two layouts split (row-major prefill by 5%, column-major decode by 8-10%).
+  40 warps per SM (168960 vectors on 132 SMs); the seed's 16 (67584) left 128 tokens of 7168 and
+  256-512 tokens of 2048-4096 on prefill, 17-30% slower;
+- MXFP8: the same crossover (decode up to 131072 by 13-30%, prefill from 229376 by 1-4%): 40;
+- MXFP4, whose packing costs the prefill shape more: decode up to 262144 by 2-19% (1024 tokens
+  of 2048: 3.27 vs 3.67; 256 of 7168: 3.02 vs 3.32), prefill from 458752 by 5-6%, level at
+  524288: 100 warps per SM (422400);
+- fp8_token_quant keeps 16: decode up to 65536 (2048 at 256 tokens: 1.75 vs 1.87), prefill
+  from 114688 (7168 at 128: 2.00 vs 2.25);
+- nvfp4_quant: decode at every measured size (up to 1.7x), level from 2048 tokens of 7168.
 """
 
 from __future__ import annotations
 
 __all__ = ["DECODE_THREADS", "DECODE_MAX_VECS", "PREFILL_THREADS", "PREFILL_MAX_VECS",
-           "DECODE_WARPS_PER_SM"]
+           "DECODE_WARPS_PER_SM", "FP8_GROUP_DECODE_WARPS_PER_SM", "MX_DECODE_WARPS_PER_SM"]
 
 DECODE_THREADS = 128
 DECODE_MAX_VECS = 1
@@ -29,3 +42,6 @@ PREFILL_THREADS = 256
 PREFILL_MAX_VECS = 4
 # decode while tokens * vectors_per_row <= 32 * DECODE_WARPS_PER_SM * sm_count
 DECODE_WARPS_PER_SM = 16
+# fp8_group_quant and the MX formats of block_scaled_quant (measured: see above)
+FP8_GROUP_DECODE_WARPS_PER_SM = 40
+MX_DECODE_WARPS_PER_SM = {"mxfp8": 40, "mxfp4": 100}

@@ -39,7 +39,7 @@ from ...errors import ConfigError
 from ..act_and_mul.tuning import (
     DECODE_MAX_VECS,
     DECODE_THREADS,
-    DECODE_WARPS_PER_SM,
+    MX_DECODE_WARPS_PER_SM,
     PREFILL_MAX_VECS,
     PREFILL_THREADS,
 )
@@ -131,5 +131,6 @@ class BlockScaledQuant(KernelFamily):
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM, force)
+        chosen = chunked_plan(variants, sizes["tokens"], sm_count,
+                              MX_DECODE_WARPS_PER_SM[c.format], force)
         return () if chosen is None else (chosen,)

@@ -42,7 +42,7 @@ from ...errors import ConfigError
 from ..act_and_mul.tuning import (
     DECODE_MAX_VECS,
     DECODE_THREADS,
-    DECODE_WARPS_PER_SM,
+    FP8_GROUP_DECODE_WARPS_PER_SM,
     PREFILL_MAX_VECS,
     PREFILL_THREADS,
 )
@@ -134,5 +134,6 @@ class Fp8GroupQuant(KernelFamily):
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM, force)
+        chosen = chunked_plan(variants, sizes["tokens"], sm_count,
+                              FP8_GROUP_DECODE_WARPS_PER_SM, force)
         return () if chosen is None else (chosen,)
