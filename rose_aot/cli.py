@@ -87,8 +87,23 @@ def _writable_dir(directory: Path, what: str) -> None:
         _fail(f"{what}: {probe} is not writable by this user; pick a writable path")
 
 
+def _print_version(ctx, _param, value):
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from .loader import driver
+
+    hot = ("C (rose_aot.loader._native)" if driver.native() is not None
+           else "Python (rose_aot.loader._native is not built for this interpreter)")
+    click.echo(f"rose-aot, version {version('rose-aot')}\nloader hot path: {hot}")
+    ctx.exit()
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="rose-aot")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version,
+              help="Show the version and which hot path the loader runs (C or Python), and exit.")
 def main():
     """Ahead-of-time CuTeDSL kernel bundles for LLM inference.
 

@@ -247,3 +247,18 @@ def test_verify_missing_file(tmp_path):
     assert result.exit_code == 1
     info = json.loads(result.stdout)
     assert info["ok"] is False and "no such bundle file" in info["error"]
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_version_names_the_loader_hot_path(monkeypatch, built):
+    from rose_aot.loader import driver
+
+    if not built:
+        monkeypatch.setattr(driver, "native", lambda: None)
+    elif driver.native() is None:
+        pytest.skip("rose_aot.loader._native is not built")
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("rose-aot, version ")
+    want = "loader hot path: C" if built else "loader hot path: Python (rose_aot.loader._native"
+    assert want in result.stdout
