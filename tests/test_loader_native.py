@@ -249,3 +249,24 @@ def test_c_checker_refuses_a_malformed_spec():
     ]:
         with pytest.raises((ValueError, TypeError)):
             native.checker(spec, tensor)
+
+
+@needs_native
+def test_a_launcher_in_a_cycle_with_its_handle_is_collected():
+    """A handle holds its launchers and each launcher its handle's fail method: garbage
+    collection must free the pair once the handle is dropped (a long-lived engine opens and
+    drops bundles)."""
+    import gc
+    import weakref
+
+    class Owner:
+        def fail(self, code, index):
+            raise AssertionError("never launched")
+
+    owner = Owner()  # owner -> go -> owner.fail -> owner
+    owner.go = native.plan(1, owner.fail, 1, ((0x1000, (1, 1, 1), (32, 1, 1), 0, (), 24, (0,),
+                                               ((0, "Q", 0, 0),)),))
+    alive = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert alive() is None

@@ -81,12 +81,23 @@ typedef struct {
 
 static PyTypeObject LauncherType;
 
+/* A launcher and its `fail` (a method of the handle that holds the launcher) form a cycle:
+ * the launcher takes part in garbage collection so that a dropped handle is freed. */
+static int launcher_traverse(Launcher *self, visitproc visit, void *arg) {
+    if (self->plan != NULL) Py_VISIT(self->plan->fail);
+    return 0;
+}
+
+static int launcher_clear(Launcher *self) {
+    if (self->plan != NULL) Py_CLEAR(self->plan->fail);
+    return 0;
+}
+
 static void launcher_dealloc(Launcher *self) {
-    if (self->plan != NULL) {
-        Py_XDECREF(self->plan->fail);
-        PyMem_Free(self->plan);
-    }
-    PyObject_Free(self);
+    PyObject_GC_UnTrack(self);
+    launcher_clear(self);
+    PyMem_Free(self->plan);
+    PyObject_GC_Del(self);
 }
 
 static int field_kind(PyObject *fmt) {
@@ -360,12 +371,13 @@ static PyObject *make_plan(PyObject *module, PyObject *args) {
             }
         }
     }
-    Launcher *go = PyObject_New(Launcher, &LauncherType);
+    Launcher *go = PyObject_GC_New(Launcher, &LauncherType);
     if (go == NULL) goto error;
     go->vectorcall = launcher_call;
     Py_INCREF(fail);
     plan->fail = fail;
     go->plan = plan;
+    PyObject_GC_Track(go);
     return (PyObject *)go;
 error:
     PyMem_Free(plan);
@@ -400,9 +412,11 @@ static PyObject *run_plan(Plan *plan, PyObject *stream_obj, PyObject *const *ato
         L->config.stream = stream;
         int code = plan->launch_ex(&L->config, L->function, L->params, NULL);
         if (code != 0) {
-            PyObject *r = PyObject_CallFunction(plan->fail, "in", code, j);
-            if (r == NULL) return NULL;
-            Py_DECREF(r);
+            if (plan->fail != NULL) {
+                PyObject *r = PyObject_CallFunction(plan->fail, "in", code, j);
+                if (r == NULL) return NULL;
+                Py_DECREF(r);
+            }
             PyErr_Format(PyExc_RuntimeError, "launch %zd failed with CUresult %d", j, code);
             return NULL;
         }
@@ -913,7 +927,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     LauncherType.tp_name = "rose_aot.loader._native.Launcher";
     LauncherType.tp_basicsize = sizeof(Launcher);
     LauncherType.tp_dealloc = (destructor)launcher_dealloc;
-    LauncherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+    LauncherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
+    LauncherType.tp_traverse = (traverseproc)launcher_traverse;
+    LauncherType.tp_clear = (inquiry)launcher_clear;
     LauncherType.tp_vectorcall_offset = offsetof(Launcher, vectorcall);
     LauncherType.tp_call = PyVectorcall_Call;
     LauncherType.tp_doc = "go(stream, *atoms): pack and launch a resolved plan";
