@@ -116,3 +116,20 @@ def test_warmup_cpu_side_names_a_bundle_that_does_not_open(tmp_path):
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith(f"warmup.py: opening {tmp_path / 'broken.rosebundle'} failed: ")
     assert "rose_aot.errors" in last and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("extra, code, message", [
+    (["hidden"], 2, "a config field is FIELD=VALUE, got 'hidden'"),
+    (["hidden=7168"], 1, "ncu_point.py needs a CUDA GPU"),
+])
+def test_ncu_point_refuses_in_one_line(extra, code, message):
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available() and code == 1:
+        pytest.skip("a GPU is present")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ncu_point.py"),
+                          "no.rosebundle", "nvfp4_quant", "8192", *extra],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == code and message in run.stderr and "Traceback" not in run.stderr
