@@ -14,7 +14,8 @@
 #
 # STEP: tests | concurrency | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
 # act_quant:FAMILY,FAMILY |
-# overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun). Logs go to $OUT
+# overhead | pdl | warmup | ep | ep_bench (ep, ep_bench: two GPUs, torchrun) | ncu (Nsight
+# Compute on one point, NCU_POINT). Logs go to $OUT
 # (or benchmarks/results). GPU_TESTS narrows the tests step to some files, SANITIZER_FAMILIES
 # (space-separated) the sanitizer step to some families; ACT_QUANT_FAMILIES
 # (space-separated) the act_quant families; ACT_QUANT_TOKENS and SWEEP_TOKENS set the token
@@ -24,7 +25,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 # Step names are checked before anything is installed or run (`--check STEP...` checks only).
-STEPS=" tests concurrency sanitizer norms norms_wide moe moe_sweep moe_fp8 act_quant overhead pdl warmup ep ep_bench "
+STEPS=" tests concurrency sanitizer norms norms_wide moe moe_sweep moe_fp8 act_quant overhead pdl warmup ep ep_bench ncu "
 check_only=0
 if [ "${1:-}" = "--check" ]; then check_only=1; shift; fi
 for step in "$@"; do
@@ -86,6 +87,13 @@ for step in "$@"; do
                       | tee "$OUT/overhead.log" ;;
         pdl) python3 benchmarks/bench_pdl.py build/test.rosebundle 2>&1 | tee "$OUT/pdl.log" ;;
         warmup) python3 benchmarks/warmup.py gpu-side build/models 2>&1 | tee "$OUT/warmup.log" ;;
+        ncu)  # Nsight Compute on one act_quant point: NCU_POINT="FAMILY TOKENS FIELD=VALUE..."
+            # shellcheck disable=SC2086  # NCU_POINT is a list of arguments
+            ncu --set full --launch-skip 2 --launch-count 1 --csv --page details \
+                python3 benchmarks/ncu_point.py build/bench-act-quant.rosebundle \
+                ${NCU_POINT:-nvfp4_quant 8192 hidden=7168 scale_layout=swizzled_128x4} \
+                > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+            ncu_rc=$?; tail -3 "$OUT/ncu.err"; (exit $ncu_rc) ;;
         ep) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle NPROC="${NPROC:-2}" PYTHON=python3 \
                 bash tests/multigpu/run.sh --ep 2>&1 | tee "$OUT/ep-checks.log" ;;
         ep_bench) ROSE_AOT_TEST_BUNDLE=build/test.rosebundle NPROC="${NPROC:-2}" PYTHON=python3 \
