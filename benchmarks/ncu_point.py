@@ -1,6 +1,7 @@
 """Launch one activation/quantization point a few times, for a profiler to look at.
 
-    ncu --set full --launch-skip 2 --launch-count 1 --csv --page details \
+    ncu --set full --kernel-name regex:cutlass --launch-skip 2 --launch-count 1 --csv \
+        --page details \
         python benchmarks/ncu_point.py BUNDLE FAMILY TOKENS [FIELD=VALUE ...] [--variant V]
 
     python benchmarks/ncu_point.py build/bench-act-quant.rosebundle nvfp4_quant 8192 hidden=7168

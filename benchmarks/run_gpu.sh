@@ -89,7 +89,8 @@ for step in "$@"; do
         warmup) python3 benchmarks/warmup.py gpu-side build/models 2>&1 | tee "$OUT/warmup.log" ;;
         ncu)  # Nsight Compute on one act_quant point: NCU_POINT="FAMILY TOKENS FIELD=VALUE..."
             # shellcheck disable=SC2086  # NCU_POINT is a list of arguments
-            ncu --set full --launch-skip 2 --launch-count 1 --csv --page details \
+            ncu --set full --kernel-name regex:cutlass --launch-skip 2 --launch-count 1 --csv \
+                --page details \
                 python3 benchmarks/ncu_point.py build/bench-act-quant.rosebundle \
                 ${NCU_POINT:-nvfp4_quant 8192 hidden=7168 scale_layout=swizzled_128x4} \
                 > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
