@@ -159,6 +159,14 @@ PROBE = textwrap.dedent(
         got["locked_after_error"] = handle._lock.locked()
         handle(*args)
         got["launches_after_error"] = last.calls - before
+        # no tokens: the plan has no launch, its launcher (resolved as a first call would)
+        # launches nothing
+        empty = (args[0][:0], args[1][:0], args[2], args[3])
+        assert handle._resolve(-1, (0,), None) == ()
+        before = last.calls
+        assert handle._fast_launch(empty) is True
+        handle(*empty)
+        got["launches_without_tokens"] = last.calls - before
         # a value its field cannot hold (a 2**40 stride in an int32 field... none here: the
         # checks bound every extent) is refused by the C packer before any driver call
         out["handle"][api] = got
@@ -268,6 +276,11 @@ def test_failed_launch_raises_and_releases_the_lock(probe, api):
     assert got["error"] is not None and "CUDA_ERROR_STUB (stub says no)" in got["error"]
     assert "launching qk_norm(" in got["error"]
     assert got["locked_after_error"] is False and got["launches_after_error"] == 3
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_call_without_tokens_launches_nothing(probe, api):
+    assert _handle(probe, api)["launches_without_tokens"] == 0
 
 
 def test_c_launcher_hands_the_driver_each_launch(probe):

@@ -218,6 +218,13 @@ def test_c_launcher_refuses_a_malformed_description(what, kwargs, fields):
 
 
 @needs_native
+def test_c_launcher_of_no_launch_does_nothing():
+    """The plan of an empty batch: address 1 is never called (it would crash)."""
+    go = native.plan(1, _never_called, 2, ())
+    assert go(0x10, 1, 2) is None
+
+
+@needs_native
 def test_c_launcher_takes_stream_and_atoms_exactly():
     go = _plan([(0, "Q", 0, 0), (8, "q", 1, 0)])
     with pytest.raises(TypeError, match="takes 2 atoms, got 1"):

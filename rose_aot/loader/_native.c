@@ -294,9 +294,9 @@ static PyObject *make_plan(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "fail must be callable");
         return NULL;
     }
-    if (natoms < 0 || !PyTuple_Check(launches) || PyTuple_Size(launches) < 1 ||
-        PyTuple_Size(launches) > 16) {
-        PyErr_SetString(PyExc_ValueError, "a plan has 1 to 16 launches (a tuple)");
+    /* 0 launches: the plan of an empty batch (no tokens), a launcher that launches nothing */
+    if (natoms < 0 || !PyTuple_Check(launches) || PyTuple_Size(launches) > 16) {
+        PyErr_SetString(PyExc_ValueError, "a plan has 0 to 16 launches (a tuple)");
         return NULL;
     }
     Py_ssize_t n = PyTuple_Size(launches);
