@@ -105,11 +105,20 @@ def register(bundle) -> "Ops":
     return Ops(bundle)
 
 
-def call(handle, *args):
-    """Launch `handle` through its torch operator (so torch.compile sees one op)."""
-    import torch
+_overloads: dict[str, object] = {}  # op name -> its OpOverload (`.default`)
 
-    return getattr(getattr(torch.ops, NAMESPACE), op_name(handle))(*args, handle.key)
+
+def call(handle, *args):
+    """Launch `handle` through its torch operator (so torch.compile sees one op). Calls the
+    operator's one overload directly, without the packet's overload resolution or the
+    attribute lookups on torch.ops (eager calls pay them every time)."""
+    name = op_name(handle)
+    op = _overloads.get(name)
+    if op is None:
+        import torch
+
+        op = _overloads[name] = getattr(getattr(torch.ops, NAMESPACE), name).default
+    return op(*args, handle.key)
 
 
 class Ops:
