@@ -749,3 +749,14 @@ def test_import_stays_light():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_raw_digests_are_the_blob_table_s(tmp_path):
+    path = tmp_path / "d.rosebundle"
+    write_bundle(path, {"kind": "t"}, {"b": b"one", "a": b"two"})
+    reader = BundleReader.open(path)
+    digests = reader.raw_digests()
+    assert digests == {n: reader.blob_info(n)["raw_sha256"] for n in ("a", "b")}
+    assert digests["a"] == hashlib.sha256(b"two").hexdigest()
+    digests["a"] = "0" * 64  # a copy: the reader's table is unchanged
+    assert reader.raw_digests()["a"] == hashlib.sha256(b"two").hexdigest()

@@ -314,3 +314,59 @@ def test_wrong_api_inputs_are_clear_errors(tiny_build):
         bundle.handle("rms_norm(hidden=3)")
     with pytest.raises(ArgumentError, match="opened bundle"):
         torch_ops.register(str(tiny_build.path))
+
+
+def test_an_index_reads_each_distinct_parameter_once(tiny_build):
+    """open_bundle shares one ParamRecord among equal parameters of every point (an index
+    repeats a few dozen hundreds of times), and the packing check meets the same objects."""
+    from rose_aot.loader import open_bundle
+
+    bundle = open_bundle(tiny_build.path)
+    params = [p for key, arch in bundle._points for v in bundle.record(key, arch).variants
+              for p in v.params]
+    distinct: dict = {}
+    for p in params:
+        distinct.setdefault(p, []).append(p)
+    assert len(distinct) < len(params)  # the bundle repeats parameters
+    for equal in distinct.values():
+        assert all(p is equal[0] for p in equal)
+    for arg, packing in bundle._packings.items():
+        assert packing in distinct and packing is distinct[packing][0]
+
+
+def test_the_parameter_memo_reads_every_spelling_as_the_reader_without_it():
+    """A memo hit is what the conversions give: a parameter spelled differently (an int as a
+    float, a bool or a string) is read, or refused, exactly as with no memo, whatever equal
+    value was read before it."""
+    from rose_aot.kernels.record import ParamRecord
+    from rose_aot.kernels.spec import TensorArg, Dim
+
+    good = {"align": 8, "name": "x", "size": 24,
+            "fields": [["ptr", "Q", 0, -1, ""], ["extent", "i", 8, 0, "tokens"],
+                       ["stride", "q", 16, 0, "x_row_stride"]]}
+    spellings = [
+        {"size": 24.0}, {"size": True}, {"align": 8.0}, {"align": "8"}, {"name": 1},
+        {"fields": [["ptr", "Q", 0.0, -1, ""], *good["fields"][1:]]},
+        {"fields": [["ptr", "Q", False, -1.0, ""], *good["fields"][1:]]},
+        {"fields": [["ptr", "Q", "0", "-1", ""], *good["fields"][1:]]},
+        {"fields": [["ptr", "Q", 0, -1, 0], *good["fields"][1:]]},
+        {"fields": [("ptr", "Q", 0, -1, ""), *good["fields"][1:]]},
+        {"fields": ["ptr", *good["fields"][1:]]},
+    ]
+
+    def read(data, memo):
+        try:
+            return ParamRecord.from_json(data, memo)
+        except (KeyError, TypeError, ValueError) as exc:
+            return type(exc)
+
+    memo: dict = {}
+    first = read(good, memo)
+    assert read(good, memo) is first
+    for change in spellings:
+        data = {**good, **change}
+        assert read(data, memo) == read(data, None), change
+    assert read({**good, "size": 24.0}, memo) is TypeError  # refused, not the memo's record
+    arg = TensorArg("x", "bfloat16", (Dim("tokens"), 36864), (Dim("x_row_stride", 64, 8), 1))
+    assert ParamRecord.of(arg, memo) is first
+    assert ParamRecord.of(arg) == first and ParamRecord.of(arg) is not first

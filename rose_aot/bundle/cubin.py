@@ -91,108 +91,131 @@ def read_cubin(data: bytes) -> dict[str, CubinEntry]:
     else:
         sections = [_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
     str_offset = sections[shstrndx][4]
-
-    def section_bytes(sec) -> bytes:
-        if sec[1] == _SHT_NOBITS:  # e.g. .nv.shared.*: occupies no file bytes
-            return b""
-        offset, length = sec[4], sec[5]
-        if offset + length > size:
-            raise ValueError("section extends past the end of the file")
-        return data[offset : offset + length]
-
     # A string at offset o is terminated iff a NUL follows it: iff o <= the file's last NUL.
     last_nul = data.rfind(b"\0")
 
-    def check_string(offset: int) -> None:
-        if not 0 <= offset < size:
-            raise ValueError("string offset outside the file")
-        if offset > last_nul:
-            raise ValueError("unterminated string")
-
     # Section names are matched in place (bytes.startswith at an offset); only the names of
-    # kernel entries are cut out and decoded.
+    # kernel entries are cut out and decoded. Sections are read in three passes, each in file
+    # order (so the first problem found is the same whatever the layout): names, then symbol
+    # tables, then shared memory sizes and .nv.info sections, which need every entry's name.
     entries: dict[str, CubinEntry] = {}
-    named = []  # (kind of section, entry name or "", section)
+    symtabs = []
+    named = []  # (entry name, or None for the global .nv.info; is it .nv.shared; section)
     for sec in sections:
         offset = str_offset + sec[0]  # >= 0: both are unsigned
-        if offset > last_nul:
-            check_string(offset)  # raises the error that fits
-        second = data[offset + 1] if offset < last_nul else 0  # ".t..." or ".n..." matter
-        if second == 0x74 and data.startswith(_TEXT, offset):
-            entry = _cstring(data, offset + len(_TEXT))
-            entries[entry] = CubinEntry(entry)
-        elif second == 0x6E:
+        if offset >= last_nul:
+            if offset > last_nul:
+                _check_string(offset, size, last_nul)  # raises the error that fits
+            # else: the empty name (the NUL itself), e.g. the null section
+        elif data[offset + 1] == 0x74:  # ".t..."
+            if data.startswith(_TEXT, offset):
+                entry = _cstring(data, offset + len(_TEXT))
+                entries[entry] = CubinEntry(entry)
+        elif data[offset + 1] == 0x6E:  # ".n..."
             if data.startswith(_SHARED, offset):
-                named.append(("shared", _cstring(data, offset + len(_SHARED)), sec))
+                named.append((_cstring(data, offset + len(_SHARED)), True, sec))
             elif data.startswith(_INFO, offset):
                 if data[offset + len(_INFO)] == 0:
-                    named.append(("info", "", sec))
-                elif data.startswith(b".", offset + len(_INFO)):
-                    named.append(("entry info", _cstring(data, offset + len(_INFO) + 1), sec))
+                    named.append((None, False, sec))
+                elif data[offset + len(_INFO)] == 0x2E:  # ".nv.info.<entry>"
+                    named.append((_cstring(data, offset + len(_INFO) + 1), False, sec))
         if sec[1] == _SHT_SYMTAB:  # by type, whatever its name
-            named.append(("symtab", "", sec))
+            symtabs.append(sec)
     symbols: list[int] = []  # file offsets of the symbol names, decoded when used
-    for what, _, sec in named:
-        if what == "symtab":
-            link, entsize = sec[6], sec[9]
-            if link >= len(sections) or entsize < 24:
-                raise ValueError("bad symbol table")
-            strtab = sections[link][4]
-            body = section_bytes(sec)
-            count = len(body) // entsize
-            if entsize == _SYMBOL.size:
-                names = [strtab + n for n, _, _ in _SYMBOL.iter_unpack(body[: count * entsize])]
-            else:
-                names = [strtab + _U32.unpack_from(body, j * entsize)[0] for j in range(count)]
-            if names and max(names) > last_nul:  # some name is bad: report the first
-                for offset in names:
-                    check_string(offset)
-            symbols += names
-    for what, name, sec in named:
-        if what == "shared":
+    for sec in symtabs:
+        link, entsize = sec[6], sec[9]
+        if link >= len(sections) or entsize < 24:
+            raise ValueError("bad symbol table")
+        strtab = sections[link][4]
+        body = _section_bytes(data, sec)
+        count = len(body) // entsize
+        if entsize == _SYMBOL.size:
+            names = [strtab + n for n, _, _ in _SYMBOL.iter_unpack(body[: count * entsize])]
+        else:
+            names = [strtab + _U32.unpack_from(body, j * entsize)[0] for j in range(count)]
+        if names and max(names) > last_nul:  # some name is bad: report the first
+            for offset in names:
+                _check_string(offset, size, last_nul)
+        symbols += names
+    for name, shared, sec in named:
+        if shared:
             entry = entries.get(name)
             if entry is not None:
                 entry.static_smem = sec[5]
-        elif what == "info":
-            _read_info(section_bytes(sec), None, entries, symbols, data)
-        elif what == "entry info":
+        elif name is None:
+            _read_global_info(_section_bytes(data, sec), entries, symbols, data)
+        else:
             owner = entries.get(name)
             if owner is not None:
-                _read_info(section_bytes(sec), owner, entries, symbols, data)
+                _read_entry_info(_section_bytes(data, sec), owner)
     return entries
 
 
-def _read_info(body: bytes, owner: CubinEntry | None, entries, symbols, data) -> None:
-    """One .nv.info section: `owner`'s (or, for the global one, the REGCOUNT of entries whose
-    symbol is named at `symbols[i]` in `data`)."""
+def _check_string(offset: int, size: int, last_nul: int) -> None:
+    """The error for a string at `offset` that is not a terminated string of the file."""
+    if not 0 <= offset < size:
+        raise ValueError("string offset outside the file")
+    if offset > last_nul:
+        raise ValueError("unterminated string")
+
+
+def _section_bytes(data: bytes, sec: tuple) -> bytes:
+    if sec[1] == _SHT_NOBITS:  # e.g. .nv.shared.*: occupies no file bytes
+        return b""
+    offset, length = sec[4], sec[5]
+    if offset + length > len(data):
+        raise ValueError("section extends past the end of the file")
+    return data[offset : offset + length]
+
+
+# The two kinds of .nv.info section are read by two loops, each testing only the attributes
+# it keeps (a cubin's check reads a few dozen records; the loop is most of its cost). Both
+# check every record's bounds, whatever its attribute.
+
+
+def _read_entry_info(body: bytes, owner: CubinEntry) -> None:
+    """An entry's .nv.info section: its block size, parameters and parameter bytes."""
+    pos = 0
+    end = len(body)
+    unpack_record = _RECORD.unpack_from
+    params = owner.params
+    while pos + 4 <= end:
+        fmt, attr, value = unpack_record(body, pos)
+        pos += 4
+        if fmt != _EIFMT_SVAL:  # no payload: `value` is the value
+            if attr == _EIATTR_CBANK_PARAM_SIZE:
+                owner.param_bytes = value
+            continue
+        start = pos  # `value` bytes of payload
+        pos += value
+        if pos > end:
+            raise ValueError(".nv.info record extends past its section")
+        if value >= 12:
+            if attr == _EIATTR_KPARAM_INFO:
+                _index, ordinal, offset, flags = _KPARAM.unpack_from(body, start)
+                params.append((ordinal, offset, flags >> 18))
+            elif attr == _EIATTR_REQNTID:
+                owner.reqntid = _DIMS.unpack_from(body, start)
+            elif attr == _EIATTR_MAX_THREADS:
+                owner.maxntid = _DIMS.unpack_from(body, start)
+
+
+def _read_global_info(body: bytes, entries: dict, symbols: list[int], data: bytes) -> None:
+    """The global .nv.info section: the REGCOUNT of each entry whose symbol is named at
+    `symbols[i]` in `data`."""
     pos = 0
     end = len(body)
     unpack_record = _RECORD.unpack_from
     while pos + 4 <= end:
         fmt, attr, value = unpack_record(body, pos)
-        if fmt == _EIFMT_SVAL:
-            if pos + 4 + value > end:
-                raise ValueError(".nv.info record extends past its section")
-            start = pos + 4
-            pos = start + value
-        else:
-            start = -1  # no payload
-            pos += 4
-        if owner is not None:
-            if attr == _EIATTR_REQNTID or attr == _EIATTR_MAX_THREADS:
-                if start >= 0 and value >= 12:
-                    dims = _DIMS.unpack_from(body, start)
-                    if attr == _EIATTR_REQNTID:
-                        owner.reqntid = dims
-                    else:
-                        owner.maxntid = dims
-            elif attr == _EIATTR_KPARAM_INFO:
-                if start >= 0 and value >= 12:
-                    _index, ordinal, offset, flags = _KPARAM.unpack_from(body, start)
-                    owner.params.append((ordinal, offset, flags >> 18))
-            elif attr == _EIATTR_CBANK_PARAM_SIZE and start < 0:
-                owner.param_bytes = value
-        elif attr == _EIATTR_REGCOUNT and start >= 0 and value >= 8:
+        pos += 4
+        if fmt != _EIFMT_SVAL:
+            continue
+        start = pos
+        pos += value
+        if pos > end:
+            raise ValueError(".nv.info record extends past its section")
+        if attr == _EIATTR_REGCOUNT and value >= 8:
             symbol, count = _REGCOUNT.unpack_from(body, start)
             if symbol < len(symbols):
                 entry = entries.get(_cstring(data, symbols[symbol]))

@@ -80,6 +80,7 @@ _HEADER = struct.Struct("<8sIIQ32s")
 HEADER_SIZE = _HEADER.size
 _BLOBS_KEY = "blobs"
 _BLOB_FIELDS = ("offset", "size", "raw_size", "sha256", "raw_sha256")
+_BLOB_FIELD_SET = frozenset(_BLOB_FIELDS)
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # A zstd block yields at most 128 KiB and takes at least 4 bytes (3-byte header + 1 RLE byte;
 # RFC 8878 3.1.1.2), so no frame of n bytes decompresses to more than 32768 * n bytes.
@@ -337,6 +338,11 @@ class BundleReader:
         """A copy of the blob's table entry: offset, size, raw_size, sha256, raw_sha256."""
         return dict(self._entry(name))
 
+    def raw_digests(self) -> dict[str, str]:
+        """Blob name -> sha256 (hex) of its decompressed bytes, as the verified index gives it
+        (what blob() checks each blob against), for every blob at once."""
+        return {name: entry["raw_sha256"] for name, entry in self._blobs.items()}
+
     def header(self) -> bytes:
         """The file's first HEADER_SIZE bytes as read and verified (what a signature covers:
         the index digest in it covers the index, whose digests cover every blob)."""
@@ -345,7 +351,7 @@ class BundleReader:
     def blob(self, name: str) -> bytes:
         """The decompressed blob, checked against its raw size and raw sha256. Cached up to
         ``cache_limit`` bytes of blobs, least recently used dropped first."""
-        self._entry(name)  # unknown or unhashable names fail here, with the names it has
+        entry = self._entry(name)  # unknown or unhashable names fail here, with the names it has
         with self._lock:
             raw = self._cache.get(name)
             if raw is not None:
@@ -353,7 +359,7 @@ class BundleReader:
                 return raw
         # Outside the lock: two threads asking for one blob at once may both decompress it,
         # each checking what it got; the cache keeps one copy.
-        raw = self._decompress(name)
+        raw = self._decompress(name, entry)
         if len(raw) <= self.cache_limit:
             with self._lock:
                 if name not in self._cache:
@@ -419,8 +425,7 @@ class BundleReader:
                 f"{len(names)} blob(s): {shown or '(none)'}"
             ) from None
 
-    def _decompress(self, name: str) -> bytes:
-        entry = self._entry(name)
+    def _decompress(self, name: str, entry: dict) -> bytes:
         start = self._region_start + entry["offset"]
         frame = self._data[start : start + entry["size"]]
         try:
@@ -618,9 +623,9 @@ def _check_blob_table(path: str, table: object, region_size: int) -> dict[str, d
                 path,
                 f"blob {_short(name)}: its entry is a JSON {type(entry).__name__}, not an object",
             )
-        missing = [f for f in _BLOB_FIELDS if f not in entry]
-        extra = sorted(k for k in entry if k not in _BLOB_FIELDS)
-        if missing or extra:
+        if entry.keys() != _BLOB_FIELD_SET:  # the details only for the error
+            missing = [f for f in _BLOB_FIELDS if f not in entry]
+            extra = sorted(k for k in entry if k not in _BLOB_FIELDS)
             problems = [f"missing field {f!r}" for f in missing]
             problems += [f"unknown field {_short(k)}" for k in extra[:4]]
             raise _damaged(path, f"blob {_short(name)}: {', '.join(problems)}")

@@ -36,8 +36,16 @@ class ParamRecord:
     fields: tuple[ParamField, ...]
 
     @classmethod
-    def of(cls, arg: Arg) -> "ParamRecord":
-        return cls(arg.name, param_size(arg), param_align(arg), param_fields(arg))
+    def of(cls, arg: Arg, memo: dict | None = None) -> "ParamRecord":
+        """The packing of `arg`. With `memo` (see from_json), the memo's record when it has
+        an equal one, so that a check against records read with that memo mostly compares
+        a record with itself."""
+        fields = param_fields(arg)
+        record = cls(arg.name, param_size(arg, fields), param_align(arg, fields), fields)
+        if memo is None:
+            return record
+        values = tuple((f.kind, f.fmt, f.offset, f.mode, f.dim) for f in fields)
+        return memo.setdefault(_memo_key(record.name, record.size, record.align, values), record)
 
     def to_json(self) -> dict:
         return {
@@ -48,13 +56,25 @@ class ParamRecord:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "ParamRecord":
-        return cls(
-            str(data["name"]),
-            _int(data["size"]),
-            _int(data["align"]),
-            tuple(ParamField.from_json(f) for f in _list(data["fields"])),
-        )
+    def from_json(cls, data: dict, memo: dict | None = None) -> "ParamRecord":
+        """With `memo` (one dict per index read), equal parameters share one record: an index
+        repeats a few dozen distinct ones hundreds of times, and making the frozen dataclasses
+        is most of the cost of reading them. The memo key is the converted values themselves,
+        so a hit is exactly the record the conversions would have built."""
+        name, size, align = str(data["name"]), _int(data["size"]), _int(data["align"])
+        values = tuple(ParamField.values_from_json(f) for f in _list(data["fields"]))
+        key = _memo_key(name, size, align, values)
+        memo = {} if memo is None else memo
+        record = memo.get(key)
+        if record is None:
+            record = memo[key] = cls(name, size, align, tuple(ParamField(*v) for v in values))
+        return record
+
+
+def _memo_key(name: str, size: int, align: int, field_values: tuple) -> tuple:
+    """A ParamRecord's memo key: its values, each field as its values (str and int only, so
+    equal keys are equal records, and hashing needs no dataclass hash)."""
+    return (name, size, align, field_values)
 
 
 @dataclass(frozen=True)
@@ -143,8 +163,9 @@ class VariantRecord:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "VariantRecord":
-        """Raises ValueError (unknown record version) or KeyError/TypeError (malformed)."""
+    def from_json(cls, data: dict, memo: dict | None = None) -> "VariantRecord":
+        """Raises ValueError (unknown record version) or KeyError/TypeError (malformed).
+        `memo`: see ParamRecord.from_json."""
         version = data["record_version"]
         if version != RECORD_VERSION:
             raise ValueError(
@@ -162,7 +183,7 @@ class VariantRecord:
             _int(data["smem"]),
             _bool(data["cooperative"]),
             _int(data["pdl"]),
-            tuple(ParamRecord.from_json(p) for p in _list(data["params"])),
+            tuple(ParamRecord.from_json(p, memo) for p in _list(data["params"])),
             dict(constants),
             dict(resources),
             str(data["cubin_sha256"]),
@@ -196,11 +217,12 @@ class PointRecord:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "PointRecord":
+    def from_json(cls, data: dict, memo: dict | None = None) -> "PointRecord":
+        """`memo`: one dict for every record of an index (see ParamRecord.from_json)."""
         workspace = tuple(arg_from_json(a) for a in _list(data["workspace"]))
         if not all(isinstance(a, TensorArg) and a.role == "workspace" for a in workspace):
             raise ValueError("workspace entries must be tensors with role 'workspace'")
-        variants = tuple(VariantRecord.from_json(v) for v in _list(data["variants"]))
+        variants = tuple(VariantRecord.from_json(v, memo) for v in _list(data["variants"]))
         names = [v.name for v in variants]
         if len(set(names)) != len(names):
             raise ValueError(f"variant names repeat: {names}")

@@ -236,8 +236,14 @@ class ParamField:
 
     @classmethod
     def from_json(cls, data: list) -> "ParamField":
+        return cls(*cls.values_from_json(data))
+
+    @staticmethod
+    def values_from_json(data: list) -> tuple[str, str, int, int, str]:
+        """The field's values, converted as from_json converts them (a hashable key for
+        readers that share equal fields)."""
         kind, fmt, offset, mode, dim = data
-        return cls(str(kind), str(fmt), int(offset), int(mode), str(dim))
+        return str(kind), str(fmt), int(offset), int(mode), str(dim)
 
 
 def _align_up(value: int, alignment: int) -> int:
@@ -260,17 +266,19 @@ def param_fields(arg: Arg) -> tuple[ParamField, ...]:
     return tuple(fields)
 
 
-def param_size(arg: Arg) -> int:
-    """Size in bytes of the packed parameter, as the PTX `.param` declaration gives it."""
+def param_size(arg: Arg, fields: tuple[ParamField, ...] | None = None) -> int:
+    """Size in bytes of the packed parameter, as the PTX `.param` declaration gives it.
+    `fields`: param_fields(arg), if the caller has it already."""
     if isinstance(arg, ScalarArg):
         return struct.calcsize(_SCALAR_FORMATS[arg.dtype])
-    last = param_fields(arg)[-1]
+    last = (fields or param_fields(arg))[-1]
     return _align_up(last.offset + struct.calcsize(last.fmt), 8)
 
 
-def param_align(arg: Arg) -> int:
-    """Alignment of the packed parameter: its widest field (C struct rules)."""
-    return max(struct.calcsize(f.fmt) for f in param_fields(arg))
+def param_align(arg: Arg, fields: tuple[ParamField, ...] | None = None) -> int:
+    """Alignment of the packed parameter: its widest field (C struct rules).
+    `fields`: param_fields(arg), if the caller has it already."""
+    return max(struct.calcsize(f.fmt) for f in fields or param_fields(arg))
 
 
 # Launches of at most this many threads in all use programmatic dependent launch. Measured on

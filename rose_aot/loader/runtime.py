@@ -25,7 +25,7 @@ from ..errors import (
     RoseAotError,
 )
 from ..kernels import get_family
-from ..kernels.record import ParamRecord, PointRecord
+from ..kernels.record import ParamRecord, PointRecord, VariantRecord
 from .. import settings
 from . import driver
 from .args import ArgBinder, ParamPacker
@@ -81,14 +81,19 @@ class KernelBundle:
         if index.get("kind") != BUNDLE_KIND:
             raise BundleError(f"{self.path}: not a rose-aot kernel bundle (kind {index.get('kind')!r})")
         self.index = index
-        self._blob_names = set(reader.blob_names())
+        # blob name -> sha256 of its decompressed bytes, what each record must name
+        self._raw_digests = reader.raw_digests()
         # (point key, arch) -> the point's index entry and its record
         self._points: dict[tuple[str, str], dict] = {}
         self._records: dict[tuple[str, str], PointRecord] = {}
+        # (point key, arch, variant name) -> the variant's index entry and its record
+        self._variants_by_name: dict[tuple[str, str, str], tuple[dict, VariantRecord]] = {}
         points = index.get("points", [])
         # Argument -> its packing: points share many argument specs (a ParamRecord takes longer
         # to derive than to look up).
         self._packings: dict = {}
+        # Shared by the records of every point: equal parameters are read once (ParamRecord).
+        self._record_memo: dict = {}
         if not isinstance(points, list):
             raise BundleError(f"{self.path}: the index's points are not a list; {_REBUILD}")
         for point in points:
@@ -104,6 +109,8 @@ class KernelBundle:
                 ) from exc
             self._points[(point["key"], point["arch"])] = point
             self._records[(point["key"], point["arch"])] = record
+            for raw, variant in zip(point["variants"], record.variants):
+                self._variants_by_name[(point["key"], point["arch"], variant.name)] = raw, variant
         self._libraries: dict[tuple[str, str, str], object] = {}
         self._device_kernels: dict[tuple[int, str, str, str], list] = {}
         self._device_arch: dict[int, str] = {}
@@ -133,14 +140,14 @@ class KernelBundle:
         key = point["key"]
         if family.key(config) != key:
             raise BundleError(f"{self.path}: point key {key!r} does not match its config")
-        record = PointRecord.from_json(point)
+        record = PointRecord.from_json(point, self._record_memo)
         where = f"{self.path}: {key} on {arch.name}"
         for raw, variant in zip(point["variants"], record.variants):
             for kind, digest in (("cubin", variant.cubin_sha256), ("ptx", variant.ptx_sha256)):
                 blob = raw[kind]
-                if blob not in self._blob_names:
+                if blob not in self._raw_digests:
                     raise BundleError(f"{where}: artifact {blob!r} of variant {variant.name} is missing")
-                if self.reader.blob_info(blob)["raw_sha256"] != digest:
+                if self._raw_digests[blob] != digest:
                     raise BundleError(
                         f"{where}: variant {variant.name}'s {kind} {blob!r} is not the artifact "
                         f"its record was compiled with (sha256 differs); {_REBUILD}"
@@ -152,21 +159,25 @@ class KernelBundle:
         for a in (*record.args, *record.workspace):
             packing = self._packings.get(a)
             if packing is None:
-                packing = self._packings[a] = ParamRecord.of(a)
+                packing = self._packings[a] = ParamRecord.of(a, self._record_memo)
             packings[a.name] = packing
         for variant in record.variants:
             for param in variant.params:
-                if packings.get(param.name) != param:
+                # Through the shared memo, a parameter equal to its packing is usually that
+                # very object; the comparison decides otherwise.
+                packing = packings.get(param.name)
+                if packing is not param and packing != param:
                     raise BundleError(
                         f"{where}: parameter {param.name!r} of variant {variant.name} is not the "
                         f"packing of the record's argument of that name; {_REBUILD}"
                     )
         # Every launch the plan can issue, forced variants included, is in the record.
+        variants = record.by_name
         try:
             for force in (None, *family.plan_choices):
                 for sizes in family.sample_sizes(config):
-                    for launch in family.plan(config, record.by_name, sizes, arch.sm_count, force):
-                        record.variant(launch.variant).entries[launch.entry]
+                    for launch in family.plan(config, variants, sizes, arch.sm_count, force):
+                        variants[launch.variant].entries[launch.entry]
         except (KeyError, IndexError, TypeError) as exc:
             raise BundleError(
                 f"{where}: this rose-aot's {family.name} launch plan does not understand the "
@@ -182,14 +193,14 @@ class KernelBundle:
         also against its record: its entries, the block size it was compiled for and its
         parameter sizes (so an artifact stored under the wrong point or variant never reaches
         the driver). BundleError otherwise. The CPU side of every load; safe from any thread."""
-        raw = next(v for v in self._points[(key, arch)]["variants"] if v["name"] == variant_name)
+        checked = (key, arch, variant_name)
+        raw, record = self._variants_by_name[checked]
         if self.use_ptx:
             return self.reader.blob(raw["ptx"]) + b"\0"
         cubin = self.reader.blob(raw["cubin"])
-        checked = (key, arch, variant_name)
         if checked not in self._cubins_checked:
             try:
-                self._records[(key, arch)].variant(variant_name).check_cubin(cubin)
+                record.check_cubin(cubin)
             except ValueError as exc:
                 raise BundleError(
                     f"{self.path}: {key} on {arch}: the cubin of variant {variant_name} does "
