@@ -208,7 +208,7 @@ def set_launch_api(plain: str | None = None, attributed: str | None = None) -> d
     from ..errors import ArgumentError
 
     before = launch_api()
-    for kind, api in (("plain", plain), ("attributed", attributed)):
+    for api in (plain, attributed):
         if api is not None and not isinstance(api, str):
             raise ArgumentError(f"a launch API is a string such as 'native' (got {api!r})")
     if plain is not None and plain not in LAUNCH_APIS:
@@ -276,9 +276,12 @@ class PreparedLaunch:
     The handle's generated launchers inline the same call for a fixed kernelParams address
     (`bind`): per API
 
-        "ctypes-ex":   config.hStream = stream; code = call()
+        "native", "ctypes-ex":   config.hStream = stream; code = call()
         "bindings":    code = call(stream_object, kernel_params, 0)[0]
         "bindings-ex": config.hStream = stream_object; code = call()[0]
+
+    A "native" launch is called like a "ctypes-ex" one here (the checked path); the hot path
+    takes it through the C launcher instead (`native_launch`, `native_launcher`).
 
     Not thread-safe on its own: callers hold the handle's lock, as for the parameter buffer."""
 
