@@ -30,14 +30,20 @@ def _value(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, got {text!r}")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("family")
-    parser.add_argument("tokens", type=int)
+    parser.add_argument("tokens", type=_positive)
     parser.add_argument("fields", nargs="*", help="config fields, FIELD=VALUE")
     parser.add_argument("--variant", help="force a variant (default: the plan's choice)")
-    parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--launches", type=_positive, default=3)
     args = parser.parse_args()
     config_fields = {}
     for item in args.fields:

@@ -121,6 +121,7 @@ def test_warmup_cpu_side_names_a_bundle_that_does_not_open(tmp_path):
 @pytest.mark.parametrize("extra, code, message", [
     (["hidden"], 2, "a config field is FIELD=VALUE, got 'hidden'"),
     (["hidden=7168"], 1, "ncu_point.py needs a CUDA GPU"),
+    (["hidden=7168", "--launches", "0"], 2, "a positive integer, got '0'"),
 ])
 def test_ncu_point_refuses_in_one_line(extra, code, message):
     import subprocess

@@ -277,3 +277,15 @@ def test_a_launcher_in_a_cycle_with_its_handle_is_collected():
     del owner
     gc.collect()
     assert alive() is None
+
+
+def test_native_api_is_refused_where_the_extension_is_missing(monkeypatch):
+    from rose_aot.errors import ArgumentError
+
+    monkeypatch.setattr(driver, "native", lambda: None)
+    monkeypatch.setattr(driver, "_launch_api", {})
+    assert driver.launch_api() == {"plain": "bindings", "attributed": "ctypes-ex"}
+    for choice in ({"plain": "native"}, {"attributed": "native"}):
+        with pytest.raises(ArgumentError, match="needs the C extension"):
+            driver.set_launch_api(**choice)
+    assert driver._launch_api == {}  # nothing chosen by a refused call

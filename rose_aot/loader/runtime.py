@@ -34,10 +34,11 @@ __all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
-# Threads of preload() unless told: each verifies its cubins (zstd and sha256 run without the
-# GIL) and makes the driver calls (cuda.bindings releases the GIL in them). 4 until the H200
-# comparison of serial and threaded preload (benchmarks/warmup.py gpu-side with
-# ROSE_WARMUP_PRELOAD_THREADS) says otherwise.
+# Threads of preload() unless told. Helper threads verify cubins (zstd and sha256 run without
+# the GIL) and make driver calls (cuda.bindings releases the GIL in them), but on the H200 more
+# threads only added their cost: DeepSeek-V3 14.24 / 14.98 / 17.53 ms with 1 / 2 / 8 threads
+# (benchmarks/warmup.py gpu-side, ROSE_WARMUP_PRELOAD_THREADS=1,2,8,
+# benchmarks/results/warmup-threads-h200.log), the driver's module loads not overlapping.
 PRELOAD_THREADS = 1
 
 
