@@ -51,7 +51,7 @@ def torch_combine(y, positions, weights):
     return (rows * weights.unsqueeze(-1)).sum(1).to(y.dtype)
 
 
-def combine_sweep(bundle, token_counts, out, env, copy_tbs) -> None:
+def combine_sweep(bundle, token_counts, out, env, copy_tbs, top_ks=None) -> None:
     """Every moe_combine point of the bundle at decode sizes: plan, each variant forced, and
     torch.compile compiled for each shape (its best case: no dynamic-shape kernels)."""
     import torch
@@ -68,7 +68,11 @@ def combine_sweep(bundle, token_counts, out, env, copy_tbs) -> None:
         (p["config"]["top_k"], p["config"]["hidden"], p["config"]["dtype"])
         for p in bundle.index["points"]
         if p["family"] == "moe_combine" and p["arch"] == arch
+        and (top_ks is None or p["config"]["top_k"] in top_ks)
     )
+    if not points:
+        sys.exit(f"bench_moe.py: the bundle has no moe_combine point for {arch}"
+                 + (f" with top_k in {top_ks}" if top_ks else ""))
     rows_out = []
     for top_k, hidden, dtype in points:
         combine = bundle.kernel("moe_combine", top_k=top_k, hidden=hidden, dtype=dtype)
@@ -132,6 +136,9 @@ def main() -> None:
                         help="only the combine comparison at decode sizes (top-2/4/8)")
     parser.add_argument("--sweep-tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128],
                         help="token counts of --combine-sweep (comma-separated)")
+    parser.add_argument("--sweep-top-k", type=int_list, default=None,
+                        help="only these top_k values in --combine-sweep (comma-separated; "
+                             "default: every combine point of the bundle)")
     args = parser.parse_args()
     out = out_dir(os.path.join(os.path.dirname(__file__), "results"))
     env = environment()
@@ -141,7 +148,7 @@ def main() -> None:
     bundle.preload()
     if args.combine_sweep:
         tokens = args.sweep_tokens
-        combine_sweep(bundle, tokens, out, env, copy_tbs)
+        combine_sweep(bundle, tokens, out, env, copy_tbs, args.sweep_top_k)
         return
     dispatch_compiled = torch.compile(torch_dispatch)
     combine_compiled = torch.compile(torch_combine)

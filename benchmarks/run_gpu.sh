@@ -19,7 +19,7 @@
 # (or benchmarks/results). GPU_TESTS narrows the tests step to some files, SANITIZER_FAMILIES
 # (space-separated) the sanitizer step to some families; ACT_QUANT_FAMILIES
 # (space-separated) the act_quant families; ACT_QUANT_TOKENS and SWEEP_TOKENS set the token
-# counts of act_quant and moe_sweep. NVLink multicast stays off in
+# counts of act_quant and moe_sweep, SWEEP_TOP_K (comma-separated) moe_sweep's top_k values. NVLink multicast stays off in
 # every process started here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -70,7 +70,8 @@ for step in "$@"; do
                         | tee "$OUT/bench-norms-wide.log" ;;
         moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
         moe_sweep) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle --combine-sweep \
-                       ${SWEEP_TOKENS:+--sweep-tokens "$SWEEP_TOKENS"} 2>&1 \
+                       ${SWEEP_TOKENS:+--sweep-tokens "$SWEEP_TOKENS"} \
+                       ${SWEEP_TOP_K:+--sweep-top-k "$SWEEP_TOP_K"} 2>&1 \
                        | tee "$OUT/bench-moe-combine-sweep.log" ;;
         moe_fp8) python3 benchmarks/bench_dispatch_fp8.py build/bench-moe-fp8.rosebundle 2>&1 \
                      | tee "$OUT/bench-moe-fp8.log" ;;

@@ -257,12 +257,15 @@ def test_compiles_with_expected_ptx(values, arch):
         if c.format == "mxfp8":
             assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
         elif arch == "sm_90a":
-            # MXFP4 from bf16: two elements per instruction (MX_E2M1_BF16X2_PTX); NVFP4's
-            # quotients are fp32: E2M1_PAIR_PTX
+            # MXFP4 from bf16: the scaled bf16 pair (MX_E2M1_BF16X2_PTX); NVFP4's quotients
+            # are fp32, rounded to odd at bf16 first (E2M1_PAIR_PTX); both round bf16 pairs
             packed = c.format == "mxfp4" and c.dtype == "bfloat16"
-            assert ("fma.rn.bf16x2" in ptx) == packed
-            assert ("fma.rn.f32 t, af, 0f40000000, 0f4B000000;" in ptx) == (not packed)
+            assert "min.bf16x2 c, a, k;" in ptx and "fma.rn.bf16x2 t, lo, k, t;" in ptx
+            assert ("fma.rn.bf16x2 a, " in ptx) == packed
+            assert ("min.u16x2 d, d, k;" in ptx) == (not packed)
         if c.format == "nvfp4":
-            assert "fma.rn.f32" in ptx and ("rcp.rn.f32" in ptx or "div.rn.f32" in ptx)
+            # the scale's sixth and reciprocal without a division's slow-path call
+            assert "fma.rn.f32 e, 0f40C00000, q, n;" in ptx and "rcp.approx.ftz.f32" in ptx
+            assert "div.rn.f32" not in ptx and "rcp.rn.f32" not in ptx
         lanes = v.constants["group_lanes"]
         assert ptx.count("shfl.sync.bfly.b32") == (lanes.bit_length() - 1) * v.constants["vecs_per_thread"]

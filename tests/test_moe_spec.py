@@ -303,8 +303,10 @@ def test_combine_split_covers_each_row_with_one_warp_blocks(arch, top_k, hidden)
     assert split.params == decode.params == prefill.params
     wide = v["split_wide"]
     w = wide.constants
-    assert wide.block == (32, 1, 1) and w["rows_per_block"] == 1 and w["vecs_per_thread"] == 4
-    assert w["chunks"] == -(-hidden // (4 * chunk_elems)) and wide.pdl == split.pdl
+    # 8 row loads in flight per thread whatever top_k (tuning.SPLIT_WIDE_LOADS)
+    vecs = {1: 8, 2: 4, 4: 2, 8: 1}[top_k]
+    assert wide.block == (32, 1, 1) and w["rows_per_block"] == 1 and w["vecs_per_thread"] == vecs
+    assert w["chunks"] == -(-hidden // (vecs * chunk_elems)) and wide.pdl == split.pdl
     assert wide.params == split.params
 
 

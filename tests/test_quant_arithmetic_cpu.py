@@ -67,8 +67,29 @@ def _float(bits):
     return np.asarray(bits, dtype=u32).view(f32)
 
 
-def run_ptx(text: str, *inputs):
-    """Run one inline-PTX block on numpy uint32 arrays ($1, $2, ... = inputs); returns $0."""
+def _e4m3_bits(bits):
+    """float8_e4m3fn bytes of fp32 bits, rounded to nearest even, saturating (satfinite)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(_float(bits)))
+    nan = torch.isnan(t)
+    t = t.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8).numpy().astype(u32)
+    return np.where(nan.numpy(), u32(0x7F), t)
+
+
+def _e4m3_to_f16_bits(byte):
+    """fp16 bits of the e4m3 byte's value (exact)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(byte & u32(0xFF), dtype=np.uint8))
+    return t.view(torch.float8_e4m3fn).half().view(torch.int16).numpy().astype(np.uint16).astype(u32)
+
+
+def run_ptx(text: str, *inputs, rcp_ulps: int = 0):
+    """Run one inline-PTX block on numpy uint32 arrays ($1, $2, ... = inputs); returns $0.
+
+    rcp.approx.ftz.f32 gives the correctly rounded reciprocal moved by `rcp_ulps` ulps (the
+    hardware's MUFU.RCP is within 1 ulp: callers try -1, 0 and 1)."""
     regs = {f"${i + 1}": np.asarray(v, dtype=u32) for i, v in enumerate(inputs)}
     n = len(regs["$1"])
 
@@ -84,11 +105,31 @@ def run_ptx(text: str, *inputs):
         if line in ("{", "}") or line.startswith(".reg"):
             continue
         op, rest = line.split(None, 1)
+        if op == "mov.b32" and rest.startswith("{"):  # unpack: mov.b32 {lo, hi}, word
+            halves, word = rest[1:].split("}")
+            lo, hi = [t.strip() for t in halves.split(",")]
+            w = val(word.strip(" ,"))
+            regs[lo], regs[hi] = w & u32(0xFFFF), w >> u32(16)
+            continue
         d, *src = [t.strip() for t in rest.split(",")]
         a = [val(t) for t in src]
         with np.errstate(all="ignore"):
-            if op == "mov.b32":
+            if op in ("mov.b32", "mov.f32"):
                 r = a[0]
+            elif op in ("cvt.u32.u16", "cvt.u16.u32"):
+                r = a[0] & u32(0xFFFF)
+            elif op == "cvt.rn.satfinite.e4m3x2.f32":  # first source to the upper byte
+                r = (_e4m3_bits(a[0]) << u32(8)) | _e4m3_bits(a[1])
+            elif op == "cvt.rn.f16x2.e4m3x2":  # lower byte to the lower half
+                r = _e4m3_to_f16_bits(a[0]) | (_e4m3_to_f16_bits(a[0] >> u32(8)) << u32(16))
+            elif op == "cvt.f32.f16":
+                h = (a[0] & u32(0xFFFF)).astype(np.uint16).view(np.float16)
+                r = _bits(h.astype(f32))
+            elif op == "rcp.approx.ftz.f32":
+                x = _float(a[0]).astype(f64)
+                with np.errstate(divide="ignore"):
+                    r = _bits((1.0 / x).astype(f32)).astype(np.int64) + rcp_ulps
+                r = r.astype(u32)
             elif op == "and.b32":
                 r = a[0] & a[1]
             elif op == "or.b32":
@@ -103,6 +144,17 @@ def run_ptx(text: str, *inputs):
                 r = a[0] - a[1]
             elif op == "min.u32":
                 r = np.minimum(a[0], a[1])
+            elif op == "prmt.b32":  # bytes of (a[1], a[0]) picked by the selector's nibbles
+                both = a[0].astype(np.uint64) | (a[1].astype(np.uint64) << np.uint64(32))
+                r = np.zeros(n, dtype=np.uint64)
+                for i in range(4):
+                    pick = (a[2].astype(np.uint64) >> np.uint64(4 * i)) & np.uint64(7)
+                    byte = (both >> (pick * np.uint64(8))) & np.uint64(0xFF)
+                    r |= byte << np.uint64(8 * i)
+                r = r.astype(u32)
+            elif op == "min.u16x2":
+                r = (np.minimum(a[0] & u32(0xFFFF), a[1] & u32(0xFFFF))
+                     | (np.minimum(a[0] >> u32(16), a[1] >> u32(16)) << u32(16)))
             elif op == "bfe.u32":
                 r = (a[0] >> a[1]) & ((u32(1) << a[2]) - u32(1))
             elif op == "neg.f32":
@@ -292,12 +344,60 @@ def test_packed_absmax_is_the_largest_magnitude():
     assert np.array_equal(got.astype(f64), np.abs(lanes).max(axis=0))
 
 
+def test_nvfp4_scale_byte_is_e4m3_of_the_correctly_rounded_sixth():
+    """NVFP4_SCALE_BYTE_PTX: e4m3(fp32(m / 6)) for m = fp32(absmax * g): random magnitudes over
+    fp32's range, fp32 neighbours of 6 x every e4m3 value and midpoint (where a quotient off by
+    one ulp flips the byte), zeros, subnormals, saturation and +inf (-> 448, as the division
+    would give)."""
+    import torch
+
+    from rose_aot.kernels.block_scaled_quant.device import NVFP4_SCALE_BYTE_PTX
+
+    rng = np.random.default_rng(5)
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    marks = np.concatenate([codes, (codes[:-1].astype(f64) + codes[1:]) / 2]) * 6.0
+    near = (_bits(marks.astype(f32))[:, None] + np.arange(-40, 41).astype(u32)[None, :]).ravel()
+    m = np.concatenate([
+        _float(near), (rng.uniform(1, 2, 500_000) * 2.0 ** rng.integers(-149, 128, 500_000)),
+        np.array([0.0, 1e-45, 1e-39, 2688.0, 2700.0, 3.4e38, np.inf])]).astype(f32)
+    m = np.abs(m[np.isfinite(m) | np.isinf(m)])
+    with np.errstate(all="ignore"):
+        want = _e4m3_bits(_bits((m.astype(f64) / 6.0).astype(f32)))
+    got = run_ptx(NVFP4_SCALE_BYTE_PTX, _bits(m))
+    bad = got != want
+    assert not bad.any(), (f"{int(bad.sum())} bytes differ; first m={m[bad][0]!r}: "
+                           f"got {got[bad][0]:#x} want {want[bad][0]:#x}")
+    assert got[m == np.inf].tolist() == [0x7E]  # 448
+
+
+def test_e4m3_byte_value_and_reciprocal():
+    """E4M3_BYTE_VALUE_PTX gives every finite non-negative e4m3 byte's value exactly, and
+    E4M3_RECIPROCAL_PTX its correctly rounded reciprocal from any MUFU.RCP start within 1 ulp
+    (0 for 0): the Newton step's exactness, proved for every scale NVFP4 can have."""
+    import torch
+
+    from rose_aot.kernels.block_scaled_quant.device import (E4M3_BYTE_VALUE_PTX,
+                                                             E4M3_RECIPROCAL_PTX)
+
+    byte = np.arange(0, 0x7F, dtype=u32)
+    want = torch.from_numpy(byte.astype(np.uint8)).view(torch.float8_e4m3fn).float().numpy()
+    value = run_ptx(E4M3_BYTE_VALUE_PTX, byte)
+    assert np.array_equal(_float(value), want)
+    with np.errstate(divide="ignore"):
+        exact = np.where(want == 0, f32(0), (1.0 / want.astype(f64)).astype(f32))
+    for ulps in (-1, 0, 1):
+        got = _float(run_ptx(E4M3_RECIPROCAL_PTX, value, rcp_ulps=ulps))
+        assert np.array_equal(_bits(got), _bits(exact)), ulps
+
+
 def test_the_interpreter_knows_every_instruction_of_the_ptx():
     """A new instruction in the kernels' PTX must be taught to run_ptx (else it raises)."""
     from rose_aot.kernels.block_scaled_quant import device
     from rose_aot.kernels.device_utils import DIVISOR_PTX, QUOTIENT_PTX
 
     for text in (DIVISOR_PTX, QUOTIENT_PTX, device.E2M1_PAIR_PTX, device.MX_E2M1_BF16X2_PTX,
-                 device.ABSMAX_BF16X2_STEP_PTX, device.BF16X2_LARGER_LANE_PTX):
+                 device.ABSMAX_BF16X2_STEP_PTX, device.BF16X2_LARGER_LANE_PTX,
+                 device.NVFP4_SCALE_BYTE_PTX, device.E4M3_BYTE_VALUE_PTX,
+                 device.E4M3_RECIPROCAL_PTX):
         inputs = max(int(i) for i in re.findall(r"\$(\d+)", text))
         run_ptx(text, *[np.ones(2, dtype=u32)] * inputs)

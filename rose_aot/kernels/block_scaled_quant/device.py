@@ -10,38 +10,60 @@ from cutlass import Float32, Int32, Uint8, Uint32, const_expr
 from ...archs import Arch
 from ..act_and_mul.device import load_chunk, store_chunk
 from ..fp8_group_quant.device import butterfly_max
-from ..device_utils import pdl_prologue, pure_asm, quotient, quotient_factors
+from ..device_utils import pdl_prologue, pure_asm, quotient
 from ..spec import Variant
 
 __all__ = ["host_function", "E2M1_PAIR_PTX", "MX_E2M1_BF16X2_PTX", "ABSMAX_BF16X2_STEP_PTX",
-           "BF16X2_LARGER_LANE_PTX"]
+           "BF16X2_LARGER_LANE_PTX", "NVFP4_SCALE_BYTE_PTX", "E4M3_BYTE_VALUE_PTX",
+           "E4M3_RECIPROCAL_PTX"]
 
 # max representable value = 1.f * 2**K: mantissa field of 1.f and K, per data format
 _MX = {"mxfp8": (8, 0x600000), "mxfp4": (2, 0x400000)}
+def _e2m1_bf16x2_codes(a: str, signs: str) -> list[str]:
+    """PTX lines: $0 = byte of the e2m1 codes of the two bf16 lanes of register `a` (|x|, both
+    lanes >= 0, NaN-free after the first min), low lane in the low nibble, the sign of each lane
+    taken from bit 15 of the same lane of register `signs`. Both lanes at once in 16-bit lanes:
+    - c = min(a, 6); codes below 1 from fma(min(c, 1), 2, 128), whose one bf16 rounding lands
+      on the integer round-half-even(2 min(c, 1)) (128 + k is 0x4300 + k);
+    - codes from 1 up from max(c, 1): its bits rounded to one mantissa bit (add 2^5 - 1 plus
+      the kept bit, shift by 6) are 254 + (code - 2);
+    - the code is the sum of both parts minus 0x4300 + 254 per lane (no lane borrows)."""
+    # packed-type operands are registers (PTX takes no bf16x2 immediates)
+    return [
+        "mov.b32 k, 0x40C040C0;", f"min.bf16x2 c, {a}, k;",  # 6.0
+        "mov.b32 k, 0x3F803F80;", "min.bf16x2 lo, c, k;", "max.bf16x2 hi, c, k;",  # 1.0
+        "mov.b32 k, 0x40004000;", "mov.b32 t, 0x43004300;",
+        "fma.rn.bf16x2 t, lo, k, t;",  # 2 lo + 128
+        "shr.b32 h, hi, 6;", "and.b32 h, h, 0x00010001;",
+        "add.u32 n, hi, 0x001F001F;", "add.u32 n, n, h;",
+        "shr.b32 n, n, 6;", "and.b32 n, n, 0x01FF01FF;",
+        "add.u32 t, t, n;", "sub.u32 t, t, 0x43FE43FE;",
+        f"shr.b32 s, {signs}, 12;", "and.b32 s, s, 0x00080008;", "or.b32 t, t, s;",
+        "shr.b32 s, t, 12;", "or.b32 t, t, s;", "and.b32 $0, t, 0xFF;",
+    ]
+
+
 def _e2m1_pair_ptx() -> str:
-    """PTX of the sm_90a `e2m1_pair`: $0 = e2m1($1) | e2m1($2) << 4, codes from integer
-    arithmetic on the fp32 bits (about 12 instructions each; a compare per rounding threshold
-    took 14 more and left the FP4 kernels compute-bound on the H200):
-    - |a| < 1: the code is round-half-even(2|a|) (0, 0.5, 1.0 are codes 0, 1, 2), read off the
-      bits of fma(|a|, 2, 2^23), whose one rounding lands on that integer;
-    - |a| >= 1: codes 2..7 are 1.0, 1.5, 2, 3, 4, 6 in order: the fp32 bits rounded to one
-      mantissa bit, ties to even (add 2^21 - 1 plus the kept bit, shift by 22), minus 252,
-      capped at 7 (saturation; +inf too).
-    The sign is bit 31 of the input, so -0 and negatives rounding to 0 keep it."""
-    lines = ["{", ".reg .f32 af, t;", ".reg .pred p;", ".reg .b32 b, c, h, n, s, r;",
-             "mov.b32 r, 0;"]
-    for shift, src in ((0, "$1"), (4, "$2")):
-        lines += [
-            f"mov.b32 b, {src};", "and.b32 b, b, 0x7FFFFFFF;", "mov.b32 af, b;",
-            "fma.rn.f32 t, af, 0f40000000, 0f4B000000;", "mov.b32 s, t;",
-            "sub.u32 s, s, 0x4B000000;",
-            "bfe.u32 h, b, 22, 1;", "add.u32 n, b, 0x1FFFFF;", "add.u32 n, n, h;",
-            "shr.u32 n, n, 22;", "sub.u32 n, n, 252;", "min.u32 n, n, 7;",
-            "setp.lt.u32 p, b, 0x3F800000;", "selp.b32 c, s, n, p;",
-            f"mov.b32 s, {src};", "shr.u32 s, s, 28;", "and.b32 s, s, 8;",
-            "or.b32 c, c, s;", f"shl.b32 c, c, {shift};", "or.b32 r, r, c;",
-        ]
-    return "\n".join([*lines, "mov.b32 $0, r;", "}"])
+    """PTX of the sm_90a `e2m1_pair`: $0 = e2m1($1) | e2m1($2) << 4 for fp32 $1, $2.
+
+    Both values are first rounded to odd at bf16 precision, in one word: the upper halves of
+    their bits (bf16 truncations, signs kept) with the lowest bit set where the dropped lower
+    half was not zero. Rounding to odd at 8 bits and then to nearest at e2m1's 2 gives the same
+    result as one rounding to nearest (8 >= 2 + 2; Boldo and Melquiond): a value just above a
+    rounding midpoint stays above it, an exact midpoint stays exact. The codes then come from
+    the bf16 pair as in _e2m1_bf16x2_codes, about 9 instructions per element against 12 for
+    integer arithmetic on each fp32 (the FP4 kernels are compute-bound on the H200).
+    Saturating at 6 (+-inf too; NaN gives 6, sign kept); -0 and negatives that round to 0 keep
+    their sign."""
+    return "\n".join([
+        "{", ".reg .b32 w, d, a, c, lo, hi, t, h, n, s, k;",
+        "prmt.b32 w, $1, $2, 0x7632;",  # (hi's upper half, lo's upper half): truncations
+        "prmt.b32 d, $1, $2, 0x5410;",  # the dropped lower halves
+        "mov.b32 k, 0x00010001;", "min.u16x2 d, d, k;",  # 1 where a lower half is not 0
+        "or.b32 w, w, d;",  # rounded to odd
+        "and.b32 a, w, 0x7FFF7FFF;",
+        *_e2m1_bf16x2_codes("a", "w"), "}",
+    ])
 
 
 E2M1_PAIR_PTX = _e2m1_pair_ptx()
@@ -51,36 +73,46 @@ def _mx_e2m1_bf16x2_ptx() -> str:
     """PTX of `mx_e2m1_bf16x2`: $0 = byte of e2m1(x.lo * s) | e2m1(x.hi * s) << 4 for a word
     $1 of two bf16 and $2 = bf16x2 (s, s), s a power of two (MXFP4 on sm_90a, bf16 input).
 
-    Both elements at once in 16-bit lanes (about 9 instructions per element against 20 for
-    the fp32 path; the FP4 kernels were compute-bound on the H200). Exact: x * s is a bf16
-    number (a power-of-two multiple of one; tiny products may flush, to a signed zero, which
-    is their code anyway), and the code follows from its bits as in E2M1_PAIR_PTX:
-    - c = min(|x s|, 6); codes below 1 from fma(min(c, 1), 2, 128), whose one bf16 rounding
-      lands on the integer round-half-even(2 min(c, 1)) (128 + k is 0x4300 + k);
-    - codes from 1 up from max(c, 1): its bits rounded to one mantissa bit (add 2^5 - 1 plus
-      the kept bit, shift by 6) are 254 + (code - 2);
-    - the code is the sum of both parts minus 0x4300 + 254 per lane (no lane borrows), the
-      sign bit 15 of each lane of x becomes bit 3 of its nibble."""
-    # packed-type operands are registers (PTX takes no bf16x2 immediates)
+    Exact: x * s is a bf16 number (a power-of-two multiple of one; tiny products may flush, to
+    a signed zero, which is their code anyway); the codes follow from its bits as in
+    _e2m1_bf16x2_codes (about 9 instructions per element against 20 for the fp32 path of the
+    previous kernels), the sign of each lane from x."""
     return "\n".join([
         "{", ".reg .b32 a, c, lo, hi, t, h, n, s, k;",
         "mov.b32 k, 0x80008000;", "fma.rn.bf16x2 a, $1, $2, k;",  # x * s + -0: exact, keeps -0
         "and.b32 a, a, 0x7FFF7FFF;",
-        "mov.b32 k, 0x40C040C0;", "min.bf16x2 c, a, k;",  # 6.0
-        "mov.b32 k, 0x3F803F80;", "min.bf16x2 lo, c, k;", "max.bf16x2 hi, c, k;",  # 1.0
-        "mov.b32 k, 0x40004000;", "mov.b32 t, 0x43004300;",
-        "fma.rn.bf16x2 t, lo, k, t;",  # 2 lo + 128
-        "shr.b32 h, hi, 6;", "and.b32 h, h, 0x00010001;",
-        "add.u32 n, hi, 0x001F001F;", "add.u32 n, n, h;",
-        "shr.b32 n, n, 6;", "and.b32 n, n, 0x01FF01FF;",
-        "add.u32 t, t, n;", "sub.u32 t, t, 0x43FE43FE;",
-        "shr.b32 s, $1, 12;", "and.b32 s, s, 0x00080008;", "or.b32 t, t, s;",
-        "shr.b32 s, t, 12;", "or.b32 t, t, s;", "and.b32 $0, t, 0xFF;",
-        "}",
+        *_e2m1_bf16x2_codes("a", "$1"), "}",
     ])
 
 
 MX_E2M1_BF16X2_PTX = _mx_e2m1_bf16x2_ptx()
+# $0 = byte of e4m3(fp32($1 / 6)) for $1 = fp32(absmax * g) >= 0 (NVFP4's scale): the quotient
+# as device_utils.quotient computes it (exact; no division's slow-path branch), with 1/6 rounded
+# to nearest, 0f3E2AAAAB; +inf gives +inf (whose quotient would be NaN), which e4m3's satfinite
+# conversion takes to 448 like a division would; NaN stays NaN.
+NVFP4_SCALE_BYTE_PTX = "\n".join([
+    "{", ".reg .f32 q, e, n;", ".reg .b16 h;", ".reg .pred p;",
+    "mul.rn.f32 q, $1, 0f3E2AAAAB;", "neg.f32 n, $1;", "fma.rn.f32 e, 0f40C00000, q, n;",
+    "neg.f32 e, e;", "fma.rn.f32 q, e, 0f3E2AAAAB, q;",
+    "setp.eq.f32 p, $1, 0f7F800000;", "selp.f32 q, 0f7F800000, q, p;",
+    "mov.f32 n, 0f00000000;", "cvt.rn.satfinite.e4m3x2.f32 h, n, q;", "cvt.u32.u16 $0, h;", "}",
+])
+# $0 = the fp32 value of the e4m3 byte $1 (exact: e4m3 -> f16 -> f32)
+E4M3_BYTE_VALUE_PTX = "\n".join([
+    "{", ".reg .b16 h, l, u;", ".reg .b32 w;", "cvt.u16.u32 h, $1;",
+    "cvt.rn.f16x2.e4m3x2 w, h;", "mov.b32 {l, u}, w;", "cvt.f32.f16 $0, l;", "}",
+])
+# $0 = fp32(1 / $1) rounded to nearest for an e4m3 value $1 > 0 (2^-9 .. 448), and 0 for 0: the
+# fast path of div.rn's reciprocal (MUFU.RCP, within 1 ulp, then one Newton step), without its
+# range check and slow-path call, which only denormals, huge values and inf/NaN need; the CPU
+# suite checks the step for every e4m3 value and every start within 1 ulp
+# (tests/test_quant_arithmetic_cpu.py).
+E4M3_RECIPROCAL_PTX = "\n".join([
+    "{", ".reg .f32 r, e, n;", ".reg .pred p;",
+    "rcp.approx.ftz.f32 r, $1;", "neg.f32 n, $1;", "fma.rn.f32 e, n, r, 0f3F800000;",
+    "fma.rn.f32 r, r, e, r;", "setp.eq.f32 p, $1, 0f00000000;", "selp.f32 $0, 0f00000000, r, p;",
+    "}",
+])
 # $0 = lane-wise max of $1 and |$2| for bf16x2 words (max.bf16x2 returns the non-NaN operand)
 ABSMAX_BF16X2_STEP_PTX = "{\n.reg .b32 w;\nand.b32 w, $2, 0x7FFF7FFF;\nmax.bf16x2 $0, $1, w;\n}"
 # $0 = the larger lane of the bf16x2 word $1 (both lanes >= 0), as fp32
@@ -105,11 +137,6 @@ def inverse_of_scale_byte(byte: Uint32) -> Float32:
     """2**(127 - byte) as fp32 (exponent field 254 - byte; byte <= 247 for finite inputs)."""
     text = "{\n.reg .b32 t;\nsub.u32 t, 254, $1;\nshl.b32 t, t, 23;\nmov.b32 $0, t;\n}"
     return Float32(pure_asm(Float32.mlir_type, [byte], text, "=f,r"))
-
-
-def zero_to_inf(value: Float32) -> Float32:
-    text = "{\n.reg .pred p;\nsetp.eq.f32 p, $1, 0f00000000;\nselp.f32 $0, 0f7F800000, $1, p;\n}"
-    return Float32(pure_asm(Float32.mlir_type, [value], text, "=f,f"))
 
 
 def e2m1_pair(lo: Float32, hi: Float32, native: bool) -> Uint32:
@@ -166,6 +193,21 @@ def host_function(config, variant: Variant, arch: Arch):
         g = Float32(1.0)
         if const_expr(fmt == "nvfp4"):
             g = mG[0]
+        # scales are stored as bytes (NVFP4's e4m3 byte comes from inline PTX)
+        mSb = cute.make_tensor(cute.recast_ptr(mS.iterator, dtype=Uint8), mS.layout)
+        if const_expr(swizzled):
+            # the scales as one flat array and this row's part of the swizzled offset, once
+            # per thread (a 2-D index costs a division by groups_padded per store)
+            sFlat = cute.make_tensor(mSb.iterator, cute.make_layout(mS.shape[0] * groups_padded))
+            # vector i of the thread is group k0 + i * row_threads / lanes, a multiple of 4
+            # groups further: its offset is the first one's plus i x a constant
+            if const_expr((row_threads // lanes) % 4):
+                raise ValueError(f"block_scaled_quant: {row_threads} threads of {lanes} lanes "
+                                 "per group do not step whole 4-group tiles")
+            k0 = first // lanes
+            offset0 = ((row // 128) * k_tiles * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4
+                       + (k0 // 4) * 512 + k0 % 4)
+            offset_step = (row_threads // lanes // 4) * 512
 
         for i in cutlass.range_constexpr(per_thread):
             amax = Float32(0.0)
@@ -180,16 +222,17 @@ def host_function(config, variant: Variant, arch: Arch):
                     amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j, i]))
             amax = butterfly_max(amax, lanes)
             if const_expr(fmt == "nvfp4"):
-                tSrS = cute.make_rmem_tensor((2,), Float32)
-                tSrS[0] = (amax * g) / Float32(6.0)
-                tSrS[1] = Float32(0.0)
-                tSrQ = cute.make_rmem_tensor((2,), mS.element_type)
-                tSrQ.store(tSrS.load().to(mS.element_type))
-                tSrS.store(tSrQ.load().to(Float32))
-                divisor, recip = quotient_factors(zero_to_inf(tSrS[0]))
+                byte = Uint32(pure_asm(Uint32.mlir_type, [amax * g], NVFP4_SCALE_BYTE_PTX,
+                                       "=r,f"))
+                # divisor and reciprocal as quotient_factors(zero_to_inf(scale)) gives them:
+                # (scale, 1/scale), or (0, 0) for a zero scale
+                divisor = Float32(pure_asm(Float32.mlir_type, [byte], E4M3_BYTE_VALUE_PTX,
+                                           "=f,r"))
+                recip = Float32(pure_asm(Float32.mlir_type, [divisor], E4M3_RECIPROCAL_PTX,
+                                         "=f,f"))
                 for j in cutlass.range_constexpr(vec):
                     tYrY[j, i] = quotient(tYrY[j, i] * g, divisor, recip)
-                scale_value = tSrQ[0]
+                scale_value = Uint8(byte)
             else:
                 byte = mx_scale_byte(amax, *_MX[fmt])
                 inv = inverse_of_scale_byte(byte)
@@ -207,12 +250,10 @@ def host_function(config, variant: Variant, arch: Arch):
             k = idx // lanes
             if valid and idx < vectors and (tidx % lanes) == 0:
                 if const_expr(swizzled):
-                    off = ((row // 128) * k_tiles * 512 + (k // 4) * 512 + (row % 32) * 16
-                           + ((row % 128) // 32) * 4 + k % 4)
                     if row < mS.shape[0]:
-                        mS[off // groups_padded, off % groups_padded] = scale_value
+                        sFlat[offset0 + i * offset_step] = scale_value
                 else:
-                    mS[row, k] = scale_value
+                    mSb[row, k] = scale_value
 
         if const_expr(fp4 and not packed):
             for i in cutlass.range_constexpr(per_thread):

@@ -109,11 +109,12 @@ class MoeCombine(KernelFamily):
             split_max_tokens_per_sm=tuning.SPLIT_MAX_TOKENS_PER_SM,
             split_max_blocks_per_sm=tuning.SPLIT_MAX_BLOCKS_PER_SM,
         )
-        wide_chunk = chunk * tuning.SPLIT_WIDE_VECS
+        wide_vecs = max(1, tuning.SPLIT_WIDE_LOADS // c.top_k)
+        wide_chunk = chunk * wide_vecs
         split_wide = variant(
             "split_wide",
             tuning.SPLIT_WARPS,
-            tuning.SPLIT_WIDE_VECS,
+            wide_vecs,
             1,
             chunks=-(-vectors // wide_chunk),
             pdl=PDL_MAX_THREADS,

@@ -23,7 +23,7 @@ stop paying for themselves. Hence at most 8 blocks per SM (1056 on an H200).
 
 from __future__ import annotations
 
-__all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM", "SPLIT_WIDE_VECS",
+__all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM", "SPLIT_WIDE_LOADS",
            "SPLIT_WIDE_TOP_K", "SPLIT_WIDE_MIN_TOKENS", "SPLIT_WIDE_OVER_CAP_TOP_K"]
 
 # Warps per block of the split variant, one vector per thread and row: the smallest chunk, so a
@@ -33,9 +33,12 @@ SPLIT_WARPS = 1
 SPLIT_MAX_TOKENS_PER_SM = 1
 # ...and while its grid has at most this many blocks per SM (measured: see above).
 SPLIT_MAX_BLOCKS_PER_SM = 8
-# Vectors per thread of the split_wide variant: 4 x fewer blocks than split, more loads in flight
-# per thread (top-2 at 64-128 tokens ran 2-10% behind torch.compile with decode and split).
-SPLIT_WIDE_VECS = 4
+# Row loads in flight per thread of the split_wide variant: vectors per thread = this / top_k
+# (at least 1), so top-2 takes 4 vectors (4 x fewer blocks than split) and top-4 takes 2: the same
+# 8 loads of 16 bytes per thread either way (top-2 at 64-128 tokens ran 2-10% behind
+# torch.compile with decode and split; top-4 with 4 vectors, 16 loads, still 3-5% behind at 64
+# tokens of hidden 6144-7168).
+SPLIT_WIDE_LOADS = 8
 # The sweep with split_wide (`bash benchmarks/run_gpu.sh moe_sweep`, SWEEP_TOKENS=16,32,64,128,
 # H200, 2026-11-30, benchmarks/results/moe-combine-sweep-h200.{md,json}; every variant forced):
 # - top-2: split_wide was the fastest variant at 15 of the 16 points (hidden 2048-7168, 16-128
