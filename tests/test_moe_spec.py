@@ -342,8 +342,9 @@ def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid():
 
 
 def test_combine_plan_takes_split_wide_where_the_sweep_measured_it_fastest():
-    """tuning.py: top-2 from 16 tokens below one token per SM; top-4 where split's grid is over
-    its block limit; top-8 never; none of it from one token per SM on."""
+    """tuning.py: top-2 and top-4 from 16 tokens below one token per SM (and top-4 below 16
+    where split's grid is over its block limit); top-8 never; none of it from one token per SM
+    on."""
     a = ARCHS["sm_90a"]  # 132 SMs
 
     def chosen(top_k, hidden, tokens):
@@ -356,9 +357,15 @@ def test_combine_plan_takes_split_wide_where_the_sweep_measured_it_fastest():
     assert [chosen(2, 7168, t) for t in (1, 8, 15, 16, 64, 131, 132)] == [
         "split", "split", "split", "split_wide", "split_wide", "split_wide", "decode"]
     assert chosen(2, 7168, 64) == "split_wide" and chosen(2, 2048, 128) == "split_wide"
-    # top-4, hidden 7168: split's 28 blocks per token fit 1056 up to 37 tokens
-    assert [chosen(4, 7168, t) for t in (16, 37, 38, 64, 128)] == [
-        "split", "split", "split_wide", "split_wide", "split_wide"]
+    assert [chosen(4, 7168, t) for t in (1, 15, 16, 37, 38, 64, 128, 131, 132)] == [
+        "split", "split", "split_wide", "split_wide", "split_wide", "split_wide", "split_wide",
+        "split_wide", "decode"]
+    # top-4 below 16 tokens: split unless its grid passes the block limit (hidden 16384 bf16:
+    # 64 blocks per token; 78 SMs, an H20, allow 624: 9 tokens)
+    c4 = COMBINE.make_config(top_k=4, hidden=16384)
+    v4 = _variants(COMBINE, c4, a)
+    assert [COMBINE.plan(c4, v4, {"tokens": t}, 78)[0].variant for t in (9, 10, 15)] == [
+        "split", "split_wide", "split_wide"]
     assert [chosen(8, 7168, t) for t in (16, 37, 38, 64)] == ["split", "split", "decode", "decode"]
     wide = _variants(COMBINE, COMBINE.make_config(top_k=2, hidden=7168), a)["split_wide"]
     assert wide.constants["chunks"] == 7  # 896 vectors, 128 per one-warp block

@@ -10,8 +10,8 @@ act_and_mul plans decode at every size.
 The same holds for act_and_mul_fp8_quant (act_quant-act_and_mul_fp8_quant-h200.md, both
 variants forced in one run): decode is faster at every width and token count, 2.3-2.6x from
 8192 tokens (d 7168, 32768 tokens: 400 vs 1044 µs), so it plans decode at every size too; and
-for nvfp4_quant (act_quant-block_scaled_quant-h200.md: 1.04-1.4x from 128 tokens).
-fp8_group_quant, fp8_token_quant and block_scaled_quant (MXFP8/MXFP4) switch to the prefill
+for nvfp4_quant before its e2m1 and scale paths were shortened (see below).
+fp8_group_quant, fp8_token_quant, block_scaled_quant (MXFP8/MXFP4) and nvfp4_quant switch to the prefill
 shape with the batch: there it wins from 8192 tokens (fp8_group_quant hidden 7168, 32768 tokens:
 198 vs 277 µs). Where: decode while tokens x vectors per row (width / 8 for bf16) <= 32 x
 warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 128, 256, 512,
@@ -28,7 +28,11 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   524288: 100 warps per SM (422400);
 - fp8_token_quant keeps 16: decode up to 65536 (2048 at 256 tokens: 1.75 vs 1.87), prefill
   from 114688 (7168 at 128: 2.00 vs 2.25);
-- nvfp4_quant: decode at every measured size (up to 1.7x), level from 2048 tokens of 7168.
+- nvfp4_quant: decode won at every size while each element took 31-33 instructions; with the
+  round-to-odd e2m1 and the branch-free scale (23-26) the prefill shape wins from 8192 tokens by
+  13-18% (7168 x 32768: 240 vs 279 µs) and decode at 1-128 tokens (7168 x 128: 2.47 vs 2.66;
+  H200, 2026-11-30, act_quant-block_scaled_quant-h200.md, both forced). Between 128 and 8192
+  tokens it takes MXFP4's switch (the same shapes and packing, not swept for NVFP4): 100.
 """
 
 from __future__ import annotations
@@ -42,6 +46,6 @@ PREFILL_THREADS = 256
 PREFILL_MAX_VECS = 4
 # decode while tokens * vectors_per_row <= 32 * DECODE_WARPS_PER_SM * sm_count
 DECODE_WARPS_PER_SM = 16
-# fp8_group_quant and the MX formats of block_scaled_quant (measured: see above)
+# fp8_group_quant and the block-scaled formats (measured: see above)
 FP8_GROUP_DECODE_WARPS_PER_SM = 40
-MX_DECODE_WARPS_PER_SM = {"mxfp8": 40, "mxfp4": 100}
+MX_DECODE_WARPS_PER_SM = {"mxfp8": 40, "mxfp4": 100, "nvfp4": 100}

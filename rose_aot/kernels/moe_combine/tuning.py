@@ -49,6 +49,13 @@ SPLIT_WIDE_LOADS = 8
 #   beat decode by 3-6% (hidden 7168, 64 tokens: 2.17 vs 2.31); at hidden 4096 and 128 tokens
 #   it lost 4% (2.35 vs 2.25), the one loss of the rule; below the limit split stays best;
 # - top-8: split or decode everywhere (split_wide 3-40% slower).
-SPLIT_WIDE_TOP_K = 2  # split_wide from SPLIT_WIDE_MIN_TOKENS tokens (below one token per SM)
+# With 8 loads per thread (top-4: 2 vectors instead of 4; sweep of 2026-11-30, SWEEP_TOP_K=2,4,
+# SWEEP_TOKENS=16,32,64,128, the previous bundle's split_wide run after it on the other GPU of
+# the same call): top-4's split_wide became the fastest or within 2% of it at 13 of 16 points
+# (hidden 4096, 64 tokens: 1.86 vs 2.08 with 4 vectors; 6144, 32 tokens: 1.75 vs split 1.86),
+# so the plan takes it for top-4 from 16 tokens like top-2. It lost at hidden 7168 and 128
+# tokens (2.88, against 2.63 with 4 vectors and decode 2.76) and hidden 4096 at 16 tokens
+# (1.59 vs split 1.53).
+SPLIT_WIDE_TOP_K = 4  # split_wide from SPLIT_WIDE_MIN_TOKENS tokens (below one token per SM)
 SPLIT_WIDE_MIN_TOKENS = 16  # below it the sweep of the previous session chose split (1-16 tokens)
 SPLIT_WIDE_OVER_CAP_TOP_K = 4  # split_wide instead of decode where split's grid is over its limit

@@ -17,11 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..act_and_mul.tuning import DECODE_WARPS_PER_SM
 from ..base import choice
 from ..block_scaled_quant.family import BlockScaledQuant
-from ..chunked_rows import chunked_plan
-from ..spec import Launch
 
 __all__ = ["Nvfp4QuantConfig", "Nvfp4Quant"]
 
@@ -41,10 +38,3 @@ class Nvfp4Quant(BlockScaledQuant):
     device_module = "rose_aot.kernels.nvfp4_quant.device"
     shape_fields = ("hidden",)
 
-    def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
-        self.check_force(force)
-        # Decode at every size: measured faster than the prefill shape from 128 tokens on, as
-        # fast below (act_and_mul/tuning.py).
-        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM,
-                              force or "decode")
-        return () if chosen is None else (chosen,)
