@@ -760,3 +760,31 @@ def test_raw_digests_are_the_blob_table_s(tmp_path):
     assert digests["a"] == hashlib.sha256(b"two").hexdigest()
     digests["a"] = "0" * 64  # a copy: the reader's table is unchanged
     assert reader.raw_digests()["a"] == hashlib.sha256(b"two").hexdigest()
+
+
+def test_the_index_is_decoded_from_a_view_of_the_file_with_the_same_errors():
+    """The reader hashes and decodes the index in place (a memoryview of the file, no copy of
+    the index): a view reads as its bytes do, and non-ASCII bytes are refused alike."""
+    from rose_aot.bundle.format import _decode_index
+
+    text = b'{"a":[1,2.5,"x"],"blobs":{}}'
+    assert _decode_index("b", memoryview(b"..." + text)[3:]) == _decode_index("b", text)
+    for bad in ('{"blobs":{},"n":"\u00e9"}'.encode(), b'{"blobs":{},"n":"\xff"}'):
+        with pytest.raises(BundleError) as from_bytes:
+            _decode_index("b", bad)
+        with pytest.raises(BundleError) as from_view:
+            _decode_index("b", memoryview(bad))
+        assert "not ASCII" in str(from_view.value) and str(from_view.value) == str(from_bytes.value)
+
+
+def test_blob_info_lists_the_fields_in_table_order_whatever_the_index_order():
+    """The reader keeps the index's own blob entries (keys in sorted order); blob_info hands out
+    a copy in the documented field order."""
+    from rose_aot.bundle.format import _encode_bundle
+
+    reader = BundleReader.from_bytes(_encode_bundle({}, {"a": b"abc", "b": b""}))
+    for name in ("a", "b"):
+        info = reader.blob_info(name)
+        assert list(info) == ["offset", "size", "raw_size", "sha256", "raw_sha256"]
+        info["size"] = -1
+        assert reader.blob_info(name)["size"] >= 0

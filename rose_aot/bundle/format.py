@@ -336,7 +336,8 @@ class BundleReader:
 
     def blob_info(self, name: str) -> dict:
         """A copy of the blob's table entry: offset, size, raw_size, sha256, raw_sha256."""
-        return dict(self._entry(name))
+        entry = self._entry(name)
+        return {field: entry[field] for field in _BLOB_FIELDS}
 
     def raw_digests(self) -> dict[str, str]:
         """Blob name -> sha256 (hex) of its decompressed bytes, as the verified index gives it
@@ -534,7 +535,10 @@ def _parse(path: str, data: bytes) -> tuple[int, dict, dict[str, dict], int]:
             f"truncated: the index needs {index_size} bytes after the header, "
             f"the file has {size - HEADER_SIZE}",
         )
-    index_bytes = data[HEADER_SIZE : HEADER_SIZE + index_size]
+    # A view, not a slice: slicing would copy the index (and fault in fresh pages) only to
+    # hash and decode it.
+    view = memoryview(data)
+    index_bytes = view[HEADER_SIZE : HEADER_SIZE + index_size]
     if hashlib.sha256(index_bytes).digest() != index_digest:
         raise _damaged(path, "the sha256 of the index differs from the header")
     body = _decode_index(path, index_bytes)
@@ -542,7 +546,7 @@ def _parse(path: str, data: bytes) -> tuple[int, dict, dict[str, dict], int]:
     blobs = _check_blob_table(path, body.pop(_BLOBS_KEY), size - region_start)
     for name, entry in blobs.items():
         start = region_start + entry["offset"]
-        frame = memoryview(data)[start : start + entry["size"]]
+        frame = view[start : start + entry["size"]]
         if hashlib.sha256(frame).hexdigest() != entry["sha256"]:
             raise _damaged(
                 path,
@@ -552,9 +556,9 @@ def _parse(path: str, data: bytes) -> tuple[int, dict, dict[str, dict], int]:
     return version, body, blobs, region_start
 
 
-def _decode_index(path: str, index_bytes: bytes) -> dict:
+def _decode_index(path: str, index_bytes: bytes | memoryview) -> dict:
     try:
-        text = index_bytes.decode("ascii")
+        text = str(index_bytes, "ascii")
     except UnicodeDecodeError as exc:
         raise _damaged(path, f"the index is not ASCII JSON ({exc})") from exc
     # The header digest (and a signature) pin these bytes; what the reader must add is that
@@ -629,14 +633,18 @@ def _check_blob_table(path: str, table: object, region_size: int) -> dict[str, d
             problems = [f"missing field {f!r}" for f in missing]
             problems += [f"unknown field {_short(k)}" for k in extra[:4]]
             raise _damaged(path, f"blob {_short(name)}: {', '.join(problems)}")
-        for field in ("offset", "size", "raw_size"):
-            value = entry[field]
-            if type(value) is not int or value < 0:  # bool is an int subclass; reject it
-                raise _damaged(
-                    path,
-                    f"blob {_short(name)}: {field} must be a non-negative integer "
-                    f"(got {_short(value)})",
-                )
+        offset, size, raw_size = entry["offset"], entry["size"], entry["raw_size"]
+        # bool is an int subclass: exact types reject it
+        if not (type(offset) is int and type(size) is int and type(raw_size) is int
+                and offset >= 0 and size >= 0 and raw_size >= 0):
+            for field in ("offset", "size", "raw_size"):  # the first bad one, for the error
+                value = entry[field]
+                if type(value) is not int or value < 0:
+                    raise _damaged(
+                        path,
+                        f"blob {_short(name)}: {field} must be a non-negative integer "
+                        f"(got {_short(value)})",
+                    )
         for field in ("sha256", "raw_sha256"):
             value = entry[field]
             if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value):
@@ -645,33 +653,35 @@ def _check_blob_table(path: str, table: object, region_size: int) -> dict[str, d
                     f"blob {_short(name)}: {field} must be 64 lowercase hex digits "
                     f"(got {_short(value)})",
                 )
-        if entry["raw_size"] > MAX_BLOB_BYTES:
+        if raw_size > MAX_BLOB_BYTES:
             raise _damaged(
                 path,
-                f"blob {_short(name)}: raw_size {entry['raw_size']} is more than the "
+                f"blob {_short(name)}: raw_size {raw_size} is more than the "
                 f"limit of {MAX_BLOB_BYTES} (MAX_BLOB_BYTES)",
             )
-        if entry["raw_size"] > _MAX_ZSTD_RATIO * entry["size"]:
+        if raw_size > _MAX_ZSTD_RATIO * size:
             raise _damaged(
                 path,
-                f"blob {_short(name)}: raw_size {entry['raw_size']} cannot come from "
-                f"a zstd frame of {entry['size']} bytes",
+                f"blob {_short(name)}: raw_size {raw_size} cannot come from "
+                f"a zstd frame of {size} bytes",
             )
-        if entry["offset"] != end:
+        if offset != end:
             raise _damaged(
                 path,
-                f"blob {_short(name)} starts at offset {entry['offset']}, expected "
+                f"blob {_short(name)} starts at offset {offset}, expected "
                 f"{end}: blobs must follow each other in name order with no gap or "
                 "overlap",
             )
-        end += entry["size"]
+        end += size
         if end > region_size:
             raise _damaged(
                 path,
                 f"truncated: blob {_short(name)} ends at byte {end} of the blob "
                 f"region, which has {region_size} bytes",
             )
-        blobs[name] = {field: entry[field] for field in _BLOB_FIELDS}
+        # The entry itself, not a copy: it has exactly these fields, and the index the caller
+        # keeps no longer holds the table.
+        blobs[name] = entry
     if end != region_size:
         raise _damaged(path, f"{region_size - end} trailing bytes after the last blob")
     return blobs
