@@ -122,3 +122,34 @@ def test_check_artifacts_raises_the_first_error_in_point_order(tiny_build, tmp_p
 def test_preload_threads_must_be_a_positive_int(tiny_build, threads):
     with pytest.raises(ArgumentError, match="threads must be a positive int"):
         open_bundle(tiny_build.path).preload(threads=threads)
+
+
+def test_a_handle_takes_the_config_checked_at_open(tiny_build, monkeypatch):
+    """handle(key) builds its handle from the family and config that open converted and
+    checked against the key: no second conversion of the index's config per point. Lookups
+    by config fields (kernel()) still convert what the caller passed."""
+    from rose_aot.errors import KernelNotFoundError
+    from rose_aot.kernels import get_family
+
+    bundle = open_bundle(tiny_build.path)
+    conversions = []
+    for family in {p["family"] for p in bundle.index["points"]}:
+        fam = get_family(family)
+        real = fam.make_config
+        monkeypatch.setattr(fam, "make_config",
+                            lambda real=real, **values: conversions.append(values) or real(**values))
+    keys = bundle.points()
+    handles = [bundle.handle(key) for key in keys]
+    assert conversions == []
+    for key, handle in zip(keys, handles):
+        point = next(p for p in bundle.index["points"] if p["key"] == key)
+        assert handle.key == key and bundle.handle(key) is handle
+        assert handle.config == get_family(point["family"]).make_config(**point["config"])
+        assert set(handle._records) == {p["arch"] for p in bundle.index["points"]
+                                        if p["key"] == key}
+    conversions.clear()
+    point = bundle.index["points"][0]
+    assert bundle.kernel(point["family"], **point["config"]).key == point["key"]
+    assert conversions == [point["config"]]
+    with pytest.raises(KernelNotFoundError):
+        bundle.handle("rms_norm(hidden=3)")

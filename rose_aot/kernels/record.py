@@ -62,12 +62,14 @@ class ParamRecord:
         is most of the cost of reading them. The memo key is the converted values themselves,
         so a hit is exactly the record the conversions would have built."""
         name, size, align = str(data["name"]), _int(data["size"]), _int(data["align"])
-        values = tuple(ParamField.values_from_json(f) for f in _list(data["fields"]))
-        key = _memo_key(name, size, align, values)
+        # list comprehensions, not generators, in this and the other readers: an index has
+        # hundreds of these and a generator costs a frame resume per item
+        values = tuple([ParamField.values_from_json(f) for f in _list(data["fields"])])
+        key = (name, size, align, values)  # _memo_key, inlined: hundreds of calls
         memo = {} if memo is None else memo
         record = memo.get(key)
         if record is None:
-            record = memo[key] = cls(name, size, align, tuple(ParamField(*v) for v in values))
+            record = memo[key] = cls(name, size, align, tuple([ParamField(*v) for v in values]))
         return record
 
 
@@ -177,13 +179,13 @@ class VariantRecord:
             raise TypeError("constants and resources must be objects")
         return cls(
             str(data["name"]),
-            tuple(str(e) for e in _list(data["entries"])),
+            tuple([str(e) for e in _list(data["entries"])]),
             _dims(data["block"]),
             _dims(data["cluster"]),
             _int(data["smem"]),
             _bool(data["cooperative"]),
             _int(data["pdl"]),
-            tuple(ParamRecord.from_json(p, memo) for p in _list(data["params"])),
+            tuple([ParamRecord.from_json(p, memo) for p in _list(data["params"])]),
             dict(constants),
             dict(resources),
             str(data["cubin_sha256"]),
@@ -219,14 +221,14 @@ class PointRecord:
     @classmethod
     def from_json(cls, data: dict, memo: dict | None = None) -> "PointRecord":
         """`memo`: one dict for every record of an index (see ParamRecord.from_json)."""
-        workspace = tuple(arg_from_json(a) for a in _list(data["workspace"]))
+        workspace = tuple([arg_from_json(a) for a in _list(data["workspace"])])
         if not all(isinstance(a, TensorArg) and a.role == "workspace" for a in workspace):
             raise ValueError("workspace entries must be tensors with role 'workspace'")
-        variants = tuple(VariantRecord.from_json(v, memo) for v in _list(data["variants"]))
+        variants = tuple([VariantRecord.from_json(v, memo) for v in _list(data["variants"])])
         names = [v.name for v in variants]
         if len(set(names)) != len(names):
             raise ValueError(f"variant names repeat: {names}")
-        return cls(tuple(arg_from_json(a) for a in _list(data["args"])), workspace, variants)
+        return cls(tuple([arg_from_json(a) for a in _list(data["args"])]), workspace, variants)
 
 
 def _list(value: Any) -> list:
@@ -236,6 +238,8 @@ def _list(value: Any) -> list:
 
 
 def _int(value: Any) -> int:
+    if type(value) is int:  # what a JSON integer is; the checks below decide the rest
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value
@@ -248,7 +252,7 @@ def _bool(value: Any) -> bool:
 
 
 def _dims(value: Any) -> tuple[int, int, int]:
-    dims = tuple(_int(v) for v in _list(value))
+    dims = tuple([_int(v) for v in _list(value)])
     if len(dims) != 3 or min(dims) < 1:
         raise ValueError(f"expected three positive integers, got {value!r}")
     return dims

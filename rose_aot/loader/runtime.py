@@ -95,11 +95,14 @@ class KernelBundle:
         self._packings: dict = {}
         # Shared by the records of every point: equal parameters are read once (ParamRecord).
         self._record_memo: dict = {}
+        # point key -> (family, config) as checked here: handle() makes its handle from them
+        # instead of converting the index's config again.
+        self._configs: dict[str, tuple] = {}
         if not isinstance(points, list):
             raise BundleError(f"{self.path}: the index's points are not a list; {_REBUILD}")
         for point in points:
             try:
-                record = self._check_point(point)
+                record, family, config = self._check_point(point)
             except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
                 if isinstance(exc, RoseAotError):
                     raise
@@ -110,6 +113,7 @@ class KernelBundle:
                 ) from exc
             self._points[(point["key"], point["arch"])] = point
             self._records[(point["key"], point["arch"])] = record
+            self._configs.setdefault(point["key"], (family, config))
             for raw, variant in zip(point["variants"], record.variants):
                 self._variants_by_name[(point["key"], point["arch"], variant.name)] = raw, variant
         self._libraries: dict[tuple[str, str, str], object] = {}
@@ -125,10 +129,11 @@ class KernelBundle:
             self.check_artifacts()
 
     # --- the record: read, bound to its artifacts, understood by this rose-aot ----------------
-    def _check_point(self, point: dict) -> PointRecord:
-        """The point's record, after checking that it belongs to its point, that the artifacts
-        it names are in the bundle with its sha256 (the bytes themselves: verified_image), and
-        that this rose-aot's plan for the family can launch from it. Nothing is recomputed."""
+    def _check_point(self, point: dict) -> tuple:
+        """(record, family, config) of the point, after checking that the record belongs to
+        its point, that the artifacts it names are in the bundle with its sha256 (the bytes
+        themselves: verified_image), and that this rose-aot's plan for the family can launch
+        from it. Nothing is recomputed."""
         try:
             family = get_family(point["family"])
             config = family.make_config(**point["config"])
@@ -185,7 +190,7 @@ class KernelBundle:
                 f"record ({type(exc).__name__}: {exc}); rebuild the bundle with the rose-aot "
                 f"version that serves it"
             ) from None
-        return record
+        return record, family, config
 
     # --- the artifacts: verified before a load hands them to the driver ------------------------
     def verified_image(self, key: str, arch: str, variant_name: str) -> bytes:
@@ -249,7 +254,7 @@ class KernelBundle:
         fam = get_family(family)
         cfg = fam.make_config(**config)
         key = fam.key(cfg)
-        if not any(k == key for k, _ in self._points):
+        if key not in self._configs:
             raise KernelNotFoundError(key, self._nearest(fam, cfg))
         return KernelHandle(self, fam, cfg)
 
@@ -257,13 +262,13 @@ class KernelBundle:
         """The handle of a point by its key (as `points()` lists them)."""
         if not isinstance(key, str):
             raise ArgumentError(f"a point key is a string, got {type(key).__name__} {key!r:.60}")
-        if key not in self._handles:
-            archs = [a for k, a in self._points if k == key]
-            if not archs:
+        handle = self._handles.get(key)
+        if handle is None:
+            checked = self._configs.get(key)
+            if checked is None:
                 raise KernelNotFoundError(key, [])
-            point = self._points[(key, archs[0])]
-            self._handles[key] = self.kernel(point["family"], **point["config"])
-        return self._handles[key]
+            handle = self._handles[key] = KernelHandle(self, *checked)
+        return handle
 
     def record_args(self, key: str) -> tuple:
         """The call arguments of a point, from its record (the same on every arch but for
@@ -544,10 +549,10 @@ class KernelHandle:
         # Per arch the bundle has this point for: its record and where each plan size is read
         # from; the rest of an arch's state (`_arch`) is built when a device of it is first used.
         self._records: dict[str, tuple] = {}
-        for (key, arch), record in sorted(bundle._records.items()):
-            if key == self.key:
-                sources = [_size_source(record.args, size) for size in family.size_names]
-                self._records[arch] = (record, sources)
+        for arch in sorted(a for k, a in bundle._records if k == self.key):
+            record = bundle._records[(self.key, arch)]
+            sources = [_size_source(record.args, size) for size in family.size_names]
+            self._records[arch] = (record, sources)
         # Per arch: (record, binder, packers by variant, size sources).
         self._arch_state: dict[str, tuple] = {}
         self._raw_stream = _stream_getter()
