@@ -209,6 +209,7 @@ def host_function(config, variant: Variant, arch: Arch):
                        + (k0 // 4) * 512 + k0 % 4)
             offset_step = (row_threads // lanes // 4) * 512
 
+        tScale = cute.make_rmem_tensor((per_thread,), Uint8)
         for i in cutlass.range_constexpr(per_thread):
             amax = Float32(0.0)
             if const_expr(packed):
@@ -232,7 +233,7 @@ def host_function(config, variant: Variant, arch: Arch):
                                          "=f,f"))
                 for j in cutlass.range_constexpr(vec):
                     tYrY[j, i] = quotient(tYrY[j, i] * g, divisor, recip)
-                scale_value = Uint8(byte)
+                tScale[i] = Uint8(byte)
             else:
                 byte = mx_scale_byte(amax, *_MX[fmt])
                 inv = inverse_of_scale_byte(byte)
@@ -245,15 +246,7 @@ def host_function(config, variant: Variant, arch: Arch):
                 else:
                     for j in cutlass.range_constexpr(vec):
                         tYrY[j, i] = tYrY[j, i] * inv
-                scale_value = Uint8(byte)
-            idx = first + i * row_threads
-            k = idx // lanes
-            if valid and idx < vectors and (tidx % lanes) == 0:
-                if const_expr(swizzled):
-                    if row < mS.shape[0]:
-                        sFlat[offset0 + i * offset_step] = scale_value
-                else:
-                    mSb[row, k] = scale_value
+                tScale[i] = Uint8(byte)
 
         if const_expr(fp4 and not packed):
             for i in cutlass.range_constexpr(per_thread):
@@ -263,6 +256,16 @@ def host_function(config, variant: Variant, arch: Arch):
             tQrQ.store(tYrY.load().to(mQ.element_type))
         gQ = cute.zipped_divide(mQ[row, None], (data_vec,))
         store_chunk(tQrQ, gQ, first, row_threads, per_thread, vectors, exact, valid)
+        # the scales last: a store branch between the vectors kept the compiler from issuing
+        # every vector's load first (the prefill shape has 4 per thread)
+        for i in cutlass.range_constexpr(per_thread):
+            idx = first + i * row_threads
+            if valid and idx < vectors and (tidx % lanes) == 0:
+                if const_expr(swizzled):
+                    if row < mS.shape[0]:
+                        sFlat[offset0 + i * offset_step] = tScale[i]
+                else:
+                    mSb[row, idx // lanes] = tScale[i]
 
     @cute.kernel
     def block_scaled_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
