@@ -271,8 +271,9 @@ def test_combine_compiles_with_the_arch_widest_loads(arch):
     """128-bit row accesses on sm_90a; 256-bit (v8.b32) on sm_100a, where a bf16 row of 7168
     (14336 bytes) is a whole number of 32-byte vectors."""
     point = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), arch)
-    assert [v.name for v in point.record.variants] == ["decode", "prefill", "split", "split_wide"]
-    assert list(point.artifacts) == ["decode", "prefill", "split", "split_wide"]
+    names = ["decode", "prefill", "split", "split_wide", "split_block"]
+    assert [v.name for v in point.record.variants] == names
+    assert list(point.artifacts) == names
     width = "v8" if arch == "sm_100a" else "v4"
     for v in point.record.variants:
         ptx = point.artifacts[v.name][0]
@@ -308,6 +309,10 @@ def test_combine_split_covers_each_row_with_one_warp_blocks(arch, top_k, hidden)
     assert wide.block == (32, 1, 1) and w["rows_per_block"] == 1 and w["vecs_per_thread"] == vecs
     assert w["chunks"] == -(-hidden // (vecs * chunk_elems)) and wide.pdl == split.pdl
     assert wide.params == split.params
+    block = v["split_block"]
+    b = block.constants
+    assert block.block == (128, 1, 1) and b["rows_per_block"] == 1 and b["vecs_per_thread"] == 1
+    assert b["chunks"] == -(-hidden // (4 * chunk_elems)) and block.pdl == split.pdl
 
 
 def test_combine_plan_splits_rows_below_one_token_per_sm():
@@ -341,37 +346,42 @@ def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid():
     assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "decode"
 
 
-def test_combine_plan_takes_split_wide_where_the_sweep_measured_it_fastest():
-    """tuning.py: top-2 and top-4 from 16 tokens below one token per SM (and top-4 below 16
-    where split's grid is over its block limit); top-8 never; none of it from one token per SM
-    on."""
+def test_combine_plan_takes_the_variant_the_sweep_measured_fastest():
+    """tuning.py: below one token per SM, top-2 and top-4 from 16 tokens take split_wide while its
+    launch gets programmatic dependent launch (at most 2048 threads), split_block beyond; below
+    16 tokens split (split_wide where split's grid is over its block limit); top-8 never takes
+    either; from one token per SM on, decode/prefill."""
     a = ARCHS["sm_90a"]  # 132 SMs
 
-    def chosen(top_k, hidden, tokens):
+    def chosen(top_k, hidden, tokens, sm_count=a.sm_count):
         c = COMBINE.make_config(top_k=top_k, hidden=hidden)
-        (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
-        chunks = _variants(COMBINE, c, a)[launch.variant].constants["chunks"]
+        variants = _variants(COMBINE, c, a)
+        (launch,) = COMBINE.plan(c, variants, {"tokens": tokens}, sm_count)
+        chunks = variants[launch.variant].constants["chunks"]
         assert launch.grid[0] == (tokens * chunks if "split" in launch.variant else launch.grid[0])
         return launch.variant
 
-    assert [chosen(2, 7168, t) for t in (1, 8, 15, 16, 64, 131, 132)] == [
-        "split", "split", "split", "split_wide", "split_wide", "split_wide", "decode"]
-    assert chosen(2, 7168, 64) == "split_wide" and chosen(2, 2048, 128) == "split_wide"
-    assert [chosen(4, 7168, t) for t in (1, 15, 16, 37, 38, 64, 128, 131, 132)] == [
-        "split", "split", "split_wide", "split_wide", "split_wide", "split_wide", "split_wide",
-        "split_wide", "decode"]
-    # top-4 below 16 tokens: split unless its grid passes the block limit (hidden 16384 bf16:
-    # 64 blocks per token; 78 SMs, an H20, allow 624: 9 tokens)
-    c4 = COMBINE.make_config(top_k=4, hidden=16384)
-    v4 = _variants(COMBINE, c4, a)
-    assert [COMBINE.plan(c4, v4, {"tokens": t}, 78)[0].variant for t in (9, 10, 15)] == [
-        "split", "split_wide", "split_wide"]
+    # top-2, hidden 2048: split_wide's 2 one-warp blocks per token reach 2048 threads at 32
+    assert [chosen(2, 2048, t) for t in (1, 15, 16, 32, 33, 64, 131, 132)] == [
+        "split", "split", "split_wide", "split_wide", "split_block", "split_block",
+        "split_block", "decode"]
+    # hidden 7168: 7 blocks per token, already 3584 threads at 16 tokens
+    assert [chosen(2, 7168, t) for t in (15, 16, 64, 128)] == [
+        "split", "split_block", "split_block", "split_block"]
+    # top-4 (2 vectors per thread in split_wide), hidden 2048: 4 blocks per token
+    assert [chosen(4, 2048, t) for t in (15, 16, 17, 128)] == [
+        "split", "split_wide", "split_block", "split_block"]
+    assert [chosen(4, 7168, t) for t in (1, 15, 16, 64, 131, 132)] == [
+        "split", "split", "split_block", "split_block", "split_block", "decode"]
+    # below 16 tokens: split unless its grid passes the block limit (hidden 16384 bf16: 64 blocks
+    # per token; 78 SMs, an H20, allow 624: 9 tokens), then split_wide
+    assert [chosen(4, 16384, t, 78) for t in (9, 10, 15)] == ["split", "split_wide", "split_wide"]
     assert [chosen(8, 7168, t) for t in (16, 37, 38, 64)] == ["split", "split", "decode", "decode"]
     wide = _variants(COMBINE, COMBINE.make_config(top_k=2, hidden=7168), a)["split_wide"]
     assert wide.constants["chunks"] == 7  # 896 vectors, 128 per one-warp block
 
 
-@pytest.mark.parametrize("force", ["decode", "prefill", "split", "split_wide"])
+@pytest.mark.parametrize("force", ["decode", "prefill", "split", "split_wide", "split_block"])
 def test_combine_every_variant_can_be_forced_at_any_size(force):
     c = COMBINE.make_config(top_k=4, hidden=1024)
     a = ARCHS["sm_90a"]
@@ -383,7 +393,7 @@ def test_combine_every_variant_can_be_forced_at_any_size(force):
         blocks_per_token = v["chunks"]
         tokens_per_block = v["rows_per_block"]
         assert launch.grid == (-(-tokens // tokens_per_block) * blocks_per_token, 1, 1)
-    assert {"split", "split_wide"} <= set(COMBINE.plan_choices)
+    assert {"split", "split_wide", "split_block"} <= set(COMBINE.plan_choices)
     with pytest.raises(ConfigError, match="unknown variant 'fast'"):
         _plan(COMBINE, c, a, {"tokens": 1}, "fast")
 
@@ -394,7 +404,7 @@ def combine_ptx():
     return {name: ptx for name, (ptx, _cubin) in point.artifacts.items()}
 
 
-@pytest.mark.parametrize("variant", ["decode", "prefill", "split", "split_wide"])
+@pytest.mark.parametrize("variant", ["decode", "prefill", "split", "split_wide", "split_block"])
 def test_combine_reads_every_position_and_weight_before_any_row(combine_ptx, variant):
     """Positions and weights are straight-line scalar loads issued together; every row load
     comes after them, so no row load waits behind a branch on a later position."""

@@ -11,9 +11,10 @@ Work split as rms_norm's: a row of the output over whole warps, the arch's wides
 decode keeps one token per block with few vectors per thread, prefill several tokens per block.
 Below one token per SM, split gives each token's row to several one-warp blocks (grid = tokens x
 chunks of the row), so a decode step's few tokens use every SM (see tuning.py); split_wide
-does the same with 4 vectors per thread (a quarter of the blocks): the plan's choice for top-2
-from 16 tokens and for top-4 where split passes its block limit (tuning.py). All run the same
-device code, so their results are bitwise equal.
+does the same with 8 / top_k vectors per thread (fewer blocks): the plan's choice for top-2 and
+top-4 from 16 tokens while its launch is small enough for programmatic dependent launch;
+split_block, 4-warp blocks with one vector per thread, beyond that (tuning.py). All run the
+same device code, so their results are bitwise equal.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class MoeCombine(KernelFamily):
     name = "moe_combine"
     Config = MoeCombineConfig
     device_module = "rose_aot.kernels.moe_combine.device"
-    plan_choices = ("decode", "prefill", "split", "split_wide")
+    plan_choices = ("decode", "prefill", "split", "split_wide", "split_block")
 
     def validate(self, c: MoeCombineConfig) -> None:
         if not 1 <= c.top_k <= 32:
@@ -122,7 +123,16 @@ class MoeCombine(KernelFamily):
             wide_min_tokens=tuning.SPLIT_WIDE_MIN_TOKENS,
             wide_over_cap_top_k=tuning.SPLIT_WIDE_OVER_CAP_TOP_K,
         )
-        return (decode, prefill, split, split_wide)
+        block_chunk = 32 * tuning.SPLIT_BLOCK_WARPS
+        split_block = variant(
+            "split_block",
+            tuning.SPLIT_BLOCK_WARPS,
+            1,
+            1,
+            chunks=-(-vectors // block_chunk),
+            pdl=PDL_MAX_THREADS,
+        )
+        return (decode, prefill, split, split_wide, split_block)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
@@ -133,12 +143,16 @@ class MoeCombine(KernelFamily):
         if force is None and tokens < sm_count * split["split_max_tokens_per_sm"]:  # tuning.py
             over_cap = tokens * split["chunks"] > sm_count * split["split_max_blocks_per_sm"]
             if c.top_k <= wide["wide_top_k"] and tokens >= wide["wide_min_tokens"]:
-                choice = "split_wide"
+                # split_wide while its launch is small enough for programmatic dependent launch
+                # (the fewest threads, overlapped with the kernel before), else split_block
+                wide_v = variants["split_wide"]
+                wide_threads = tokens * wide["chunks"] * wide_v.block[0]
+                choice = "split_wide" if wide_threads <= wide_v.pdl else "split_block"
             elif not over_cap:
                 choice = "split"
             elif c.top_k <= wide["wide_over_cap_top_k"]:
                 choice = "split_wide"
-        if choice in ("split", "split_wide"):
+        if choice in ("split", "split_wide", "split_block"):
             chunks = variants[choice].constants["chunks"]
             return (Launch(choice, (tokens * chunks, 1, 1)),) if tokens else ()
         decode = variants["decode"].constants

@@ -24,7 +24,8 @@ stop paying for themselves. Hence at most 8 blocks per SM (1056 on an H200).
 from __future__ import annotations
 
 __all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM", "SPLIT_WIDE_LOADS",
-           "SPLIT_WIDE_TOP_K", "SPLIT_WIDE_MIN_TOKENS", "SPLIT_WIDE_OVER_CAP_TOP_K"]
+           "SPLIT_WIDE_TOP_K", "SPLIT_WIDE_MIN_TOKENS", "SPLIT_WIDE_OVER_CAP_TOP_K",
+           "SPLIT_BLOCK_WARPS"]
 
 # Warps per block of the split variant, one vector per thread and row: the smallest chunk, so a
 # single token's rows spread over the most SMs (28 blocks at hidden 7168 in bf16 on sm_90a).
@@ -59,3 +60,15 @@ SPLIT_WIDE_LOADS = 8
 SPLIT_WIDE_TOP_K = 4  # split_wide from SPLIT_WIDE_MIN_TOKENS tokens (below one token per SM)
 SPLIT_WIDE_MIN_TOKENS = 16  # below it the sweep of the previous session chose split (1-16 tokens)
 SPLIT_WIDE_OVER_CAP_TOP_K = 4  # split_wide instead of decode where split's grid is over its limit
+# Warps per block of the split_block variant (one vector per thread and row, a 128-vector chunk
+# of the row per block): split's work split in torch.compile's block size, a quarter of split's
+# blocks without split_wide's longer threads. The sweep with it (2026-11-30, SWEEP_TOP_K=2,4,
+# SWEEP_TOKENS=16,32,64,128, benchmarks/results/moe-combine-sweep-h200.{md,json}, every
+# variant forced): split_wide stays fastest where its whole launch is at most PDL_MAX_THREADS
+# threads, so that it gets programmatic dependent launch (top-2 at 16-32 tokens of 2048 and 16
+# of 4096: 1.03-1.05 µs against 1.39-1.50; top-4 at 16 tokens of 2048: 0.98 vs 1.58); beyond
+# that split_block was the fastest at 21 of the 28 points and within 5% at the others (top-2,
+# hidden 7168, 128 tokens: 1.97 µs against split_wide 2.18 and torch.compile 2.11; top-4, 7168,
+# 64 tokens: 2.06 against 2.19). The plan takes it there (family.py). It is ahead of
+# torch.compile at each of those points but top-4 at hidden 7168 and 128 tokens (2.63 vs 2.55).
+SPLIT_BLOCK_WARPS = 4
