@@ -99,39 +99,25 @@ class MoeCombine(KernelFamily):
         )
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         prefill = variant("prefill", warps, per_thread, max(1, PREFILL_WARPS // warps))
-        chunk = 32 * tuning.SPLIT_WARPS
-        split = variant(
-            "split",
-            tuning.SPLIT_WARPS,
-            1,
-            1,
-            chunks=-(-vectors // chunk),
-            pdl=PDL_MAX_THREADS,
+
+        def split_variant(name, warps, per_thread, **extra):
+            # one token's row over `chunks` blocks of `warps` warps, `per_thread` vectors each
+            chunk = 32 * warps * per_thread
+            return variant(name, warps, per_thread, 1, chunks=-(-vectors // chunk),
+                           pdl=PDL_MAX_THREADS, **extra)
+
+        split = split_variant(
+            "split", tuning.SPLIT_WARPS, 1,
             split_max_tokens_per_sm=tuning.SPLIT_MAX_TOKENS_PER_SM,
             split_max_blocks_per_sm=tuning.SPLIT_MAX_BLOCKS_PER_SM,
         )
-        wide_vecs = max(1, tuning.SPLIT_WIDE_LOADS // c.top_k)
-        wide_chunk = chunk * wide_vecs
-        split_wide = variant(
-            "split_wide",
-            tuning.SPLIT_WARPS,
-            wide_vecs,
-            1,
-            chunks=-(-vectors // wide_chunk),
-            pdl=PDL_MAX_THREADS,
+        split_wide = split_variant(
+            "split_wide", tuning.SPLIT_WARPS, max(1, tuning.SPLIT_WIDE_LOADS // c.top_k),
             wide_top_k=tuning.SPLIT_WIDE_TOP_K,
             wide_min_tokens=tuning.SPLIT_WIDE_MIN_TOKENS,
             wide_over_cap_top_k=tuning.SPLIT_WIDE_OVER_CAP_TOP_K,
         )
-        block_chunk = 32 * tuning.SPLIT_BLOCK_WARPS
-        split_block = variant(
-            "split_block",
-            tuning.SPLIT_BLOCK_WARPS,
-            1,
-            1,
-            chunks=-(-vectors // block_chunk),
-            pdl=PDL_MAX_THREADS,
-        )
+        split_block = split_variant("split_block", tuning.SPLIT_BLOCK_WARPS, 1)
         return (decode, prefill, split, split_wide, split_block)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
