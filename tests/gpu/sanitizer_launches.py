@@ -51,11 +51,13 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
     arch = bundle.arch_for_device(device)
     seen = set()
     for point in bundle.index["points"]:
-        if point["arch"] != arch or point["family"] in seen:
+        # one point per family and scale layout (the swizzled layouts index scales their own way)
+        kind = (point["family"], point["config"].get("scale_layout"))
+        if point["arch"] != arch or kind in seen:
             continue
         if families and point["family"] not in families:
             continue
-        seen.add(point["family"])
+        seen.add(kind)
         family = get_family(point["family"])
         if getattr(family, "collective", False):  # needs every rank: tests/multigpu
             continue
@@ -94,10 +96,9 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
         runs = [("decode", 3), ("prefill", 1001)]
         if "small" in family.plan_choices:  # moe_dispatch: redundant routing, no barrier
             runs.insert(0, ("small", 3))
-        if "split" in family.plan_choices:  # moe_combine: one token's row over many blocks
-            runs.insert(0, ("split", 3))
-        if "split_wide" in family.plan_choices:
-            runs.insert(0, ("split_wide", 3))
+        for name in ("split", "split_wide", "split_block"):  # moe_combine: a row over blocks
+            if name in family.plan_choices:
+                runs.insert(0, (name, 3))
         for variant, tokens in runs:
             if point["family"] == "moe_dispatch" and tokens > 3:
                 tokens = 301  # prefill route + copy
