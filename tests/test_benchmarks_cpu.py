@@ -134,3 +134,49 @@ def test_ncu_point_refuses_in_one_line(extra, code, message):
                           "no.rosebundle", "nvfp4_quant", "8192", *extra],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == code and message in run.stderr and "Traceback" not in run.stderr
+
+
+def _load_sass_count():
+    spec = importlib.util.spec_from_file_location(
+        "rose_benchmarks_sass_count", os.path.join(ROOT, "benchmarks", "sass_count.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sass_main_path_ends_at_the_last_unconditional_exit():
+    """PREEXIT and predicated EXITs do not end the main path; the slow-path subroutine and the
+    padding after the last EXIT are not counted."""
+    sass = _load_sass_count()
+    listing = "\n".join([
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;",
+        "        /*0010*/                   PREEXIT ;",
+        "        /*0020*/              @P0 EXIT ;",
+        "        /*0030*/                   FMUL R0, R1, R2 ;",
+        "        /*0040*/                   EXIT ;",
+        "        /*0050*/                   BRA `(.L_x_0) ;",
+        "        /*0060*/                   MUFU.RCP R3, R0 ;",
+        "        /*0070*/                   RET.REL.NODEC R2 `(kernel) ;",
+    ])
+    path = sass.main_path(listing)
+    assert [sass.opcode(t) for t in path] == ["LDC", "PREEXIT", "EXIT", "FMUL", "EXIT"]
+    with pytest.raises(ValueError, match="no unconditional EXIT"):
+        sass.main_path(listing.replace("EXIT ;", "NOP ;"))
+
+
+def test_sass_count_of_a_compiled_point():
+    """A real compile and disassembly (nvdisasm from the nvidia-cuda-nvdisasm wheel, which CI
+    installs): MXFP8 converts with F2FP, loads and stores its rows, and the prefill shape's
+    thread handles 4x the elements of the decode shape's for fewer instructions per element."""
+    pytest.importorskip("cutlass")
+    sass = _load_sass_count()
+    if sass.find_nvdisasm() is None:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    rows = {r["variant"]: r for r in sass.count_point(
+        "block_scaled_quant", {"hidden": 2048, "format": "mxfp8"}, "sm_90a")}
+    assert set(rows) == {"decode", "prefill"}
+    for r in rows.values():
+        assert r["instructions"] == sum(r["opcodes"].values()) > 50
+        assert {"LDG", "STG", "F2FP"} <= set(r["opcodes"]) and r["registers"] > 0
+    assert rows["prefill"]["elements_per_thread"] == 4 * rows["decode"]["elements_per_thread"]
+    assert rows["prefill"]["per_element"] < rows["decode"]["per_element"]

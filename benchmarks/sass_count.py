@@ -1,0 +1,161 @@
+"""Instructions per element of one kernel point, read from its SASS on the CPU (no GPU needed).
+
+Compiles the point for an arch (as `rose-aot build` does), disassembles every variant's cubin
+with nvdisasm and counts the instructions of the kernel's main path: from the entry up to its
+last unconditional EXIT (what follows is the out-of-line slow paths, e.g. a division's, and the
+padding). For the element-wise row families (act_and_mul, the FP8 and block-scaled quantizers)
+it also divides by the elements one thread handles (vec x vecs_per_thread). The count is the
+static length of the straight-line code, which for these families is what every thread
+executes; use it to compare two versions of a kernel before spending GPU time on them.
+
+    pip install nvidia-cuda-nvdisasm          # or put nvdisasm on PATH
+    python benchmarks/sass_count.py nvfp4_quant hidden=7168
+    python benchmarks/sass_count.py block_scaled_quant hidden=7168 format=mxfp4 --json
+    python benchmarks/sass_count.py nvfp4_quant hidden=7168 --dump build/sass   # the listings
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?P<text>[^;]*);")
+
+
+def find_nvdisasm() -> str | None:
+    """Path of nvdisasm: on PATH, else from the nvidia-cuda-nvdisasm wheel; None if neither."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for candidate in sorted(Path(root).glob("cu*/bin/nvdisasm")):
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    return None
+
+
+def nvdisasm() -> str:
+    found = find_nvdisasm()
+    if found is None:
+        sys.exit("sass_count.py: nvdisasm not found; install it with `pip install "
+                 "nvidia-cuda-nvdisasm` or put the CUDA toolkit's bin directory on PATH")
+    return found
+
+
+def main_path(listing: str) -> list[str]:
+    """Instructions (opcode and operands) from the entry to the last unconditional EXIT."""
+    lines = [m.group("text").strip() for m in map(_INSTRUCTION.match, listing.splitlines()) if m]
+    last_exit = max((i for i, text in enumerate(lines) if text == "EXIT"), default=None)
+    if last_exit is None:
+        raise ValueError("no unconditional EXIT in the listing: not a kernel's SASS")
+    return lines[: last_exit + 1]
+
+
+def opcode(text: str) -> str:
+    """Base opcode of one instruction: predicate and modifiers dropped ("@!P0 LDG.E.128" -> LDG)."""
+    word = text.split()[1] if text.startswith("@") else text.split()[0]
+    return word.split(".")[0]
+
+
+def count_point(family_name: str, values: dict, arch: str, dump: Path | None = None) -> list[dict]:
+    """One row per variant: instructions on the main path, registers, per element, opcodes."""
+    from rose_aot.builder.compile import compile_point
+    from rose_aot.bundle.cubin import read_cubin
+    from rose_aot.kernels import get_family
+
+    family = get_family(family_name)
+    config = family.make_config(**values)
+    point = compile_point(family_name, config, arch)
+    tool = nvdisasm()
+    rows = []
+    for record in point.record.variants:
+        _ptx, cubin = point.artifacts[record.name]
+        with tempfile.TemporaryDirectory(prefix="rose-aot-sass-") as tmp:
+            path = Path(tmp) / f"{record.name}.cubin"
+            path.write_bytes(cubin)
+            done = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"sass_count.py: nvdisasm failed on {family.key(config)} {record.name}: "
+                     f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            (dump / f"{family_name}-{record.name}-{arch}.sass").write_text(done.stdout)
+        path_instructions = main_path(done.stdout)
+        constants = record.constants
+        elements = None
+        if "vec" in constants and "vecs_per_thread" in constants:
+            elements = constants["vec"] * constants["vecs_per_thread"]
+        registers = max(f.registers for f in read_cubin(cubin).values())
+        rows.append({
+            "point": family.key(config),
+            "arch": arch,
+            "variant": record.name,
+            "instructions": len(path_instructions),
+            "registers": registers,
+            "elements_per_thread": elements,
+            "per_element": None if elements is None else len(path_instructions) / elements,
+            "opcodes": dict(Counter(map(opcode, path_instructions)).most_common()),
+        })
+    return rows
+
+
+def _value(text: str):
+    """key=value on the command line: ints, floats and booleans as such, else the string."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("family", help="kernel family, e.g. nvfp4_quant")
+    parser.add_argument("config", nargs="*", metavar="key=value",
+                        help="the point's config fields, e.g. hidden=7168 format=mxfp4")
+    parser.add_argument("--arch", default="sm_90a", help="target arch (default sm_90a)")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="also write each variant's full listing into this folder")
+    args = parser.parse_args()
+    values = {}
+    for item in args.config:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            parser.error(f"config fields are key=value (got {item!r})")
+        values[key] = _value(text)
+
+    from rose_aot.errors import RoseAotError
+
+    try:
+        rows = count_point(args.family, values, args.arch, args.dump)
+    except RoseAotError as exc:
+        sys.exit(f"sass_count.py: {exc}")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{rows[0]['point']} @ {args.arch}")
+    print("| variant | instructions | registers | elements per thread | per element | top opcodes |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        top = ", ".join(f"{k} {v}" for k, v in list(r["opcodes"].items())[:6])
+        per = "" if r["per_element"] is None else f"{r['per_element']:.1f}"
+        print(f"| {r['variant']} | {r['instructions']} | {r['registers']} | "
+              f"{r['elements_per_thread'] or ''} | {per} | {top} |")
+
+
+if __name__ == "__main__":
+    main()
