@@ -51,8 +51,9 @@ def _e2m1_pair_ptx() -> str:
     half was not zero. Rounding to odd at 8 bits and then to nearest at e2m1's 2 gives the same
     result as one rounding to nearest (8 >= 2 + 2; Boldo and Melquiond): a value just above a
     rounding midpoint stays above it, an exact midpoint stays exact. The codes then come from
-    the bf16 pair as in _e2m1_bf16x2_codes, about 9 instructions per element against 12 for
-    integer arithmetic on each fp32 (the FP4 kernels are compute-bound on the H200).
+    the bf16 pair as in _e2m1_bf16x2_codes, about 10 instructions per element in the SASS
+    against 12 for integer arithmetic on each fp32 (the FP4 kernels are bounded by their
+    arithmetic on the H200: benchmarks/sass_count.py).
     Saturating at 6 (+-inf too; NaN gives 6, sign kept); -0 and negatives that round to 0 keep
     their sign."""
     return "\n".join([
@@ -225,8 +226,8 @@ def host_function(config, variant: Variant, arch: Arch):
             if const_expr(fmt == "nvfp4"):
                 byte = Uint32(pure_asm(Uint32.mlir_type, [amax * g], NVFP4_SCALE_BYTE_PTX,
                                        "=r,f"))
-                # divisor and reciprocal as quotient_factors(zero_to_inf(scale)) gives them:
-                # (scale, 1/scale), or (0, 0) for a zero scale
+                # the divisor and reciprocal device_utils.quotient takes: (scale, 1/scale), or
+                # (0, 0) for a zero scale, which quantizes every x to a zero of x's sign
                 divisor = Float32(pure_asm(Float32.mlir_type, [byte], E4M3_BYTE_VALUE_PTX,
                                            "=f,r"))
                 recip = Float32(pure_asm(Float32.mlir_type, [divisor], E4M3_RECIPROCAL_PTX,
