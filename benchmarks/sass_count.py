@@ -5,8 +5,9 @@ with nvdisasm and counts the instructions of the kernel's main path: from the en
 last unconditional EXIT (what follows is the out-of-line slow paths, e.g. a division's, and the
 padding). For the element-wise row families (act_and_mul, the FP8 and block-scaled quantizers)
 it also divides by the elements one thread handles (vec x vecs_per_thread). The count is the
-static length of the straight-line code, which for these families is what every thread
-executes; use it to compare two versions of a kernel before spending GPU time on them.
+static length of the code, which is what every thread executes when the main path has no
+loop (a branch back; then no per-element figure is given and `loops` says so); use it to
+compare two versions of a kernel before spending GPU time on them.
 
     pip install nvidia-cuda-nvdisasm          # or put nvdisasm on PATH
     python benchmarks/sass_count.py nvfp4_quant hidden=7168
@@ -28,6 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 _INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?P<text>[^;]*);")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 
 
 def find_nvdisasm() -> str | None:
@@ -54,13 +57,27 @@ def nvdisasm() -> str:
     return found
 
 
-def main_path(listing: str) -> list[str]:
-    """Instructions (opcode and operands) from the entry to the last unconditional EXIT."""
-    lines = [m.group("text").strip() for m in map(_INSTRUCTION.match, listing.splitlines()) if m]
+def main_path(listing: str) -> tuple[list[str], bool]:
+    """(instructions from the entry to the last unconditional EXIT, whether that path loops: a
+    branch back to a label at or before it, so its static length is not what a thread runs)."""
+    lines, labels, branches = [], {}, []
+    for raw in listing.splitlines():
+        label = _LABEL.match(raw)
+        if label:
+            labels[label.group(1)] = len(lines)
+            continue
+        m = _INSTRUCTION.match(raw)
+        if m:
+            text = m.group("text").strip()
+            target = _BRANCH.search(text)
+            if target:
+                branches.append((len(lines), target.group(1)))
+            lines.append(text)
     last_exit = max((i for i, text in enumerate(lines) if text == "EXIT"), default=None)
     if last_exit is None:
         raise ValueError("no unconditional EXIT in the listing: not a kernel's SASS")
-    return lines[: last_exit + 1]
+    loops = any(at <= last_exit and labels.get(name, at + 1) <= at for at, name in branches)
+    return lines[: last_exit + 1], loops
 
 
 def opcode(text: str) -> str:
@@ -92,10 +109,10 @@ def count_point(family_name: str, values: dict, arch: str, dump: Path | None = N
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             (dump / f"{family_name}-{record.name}-{arch}.sass").write_text(done.stdout)
-        path_instructions = main_path(done.stdout)
+        path_instructions, loops = main_path(done.stdout)
         constants = record.constants
         elements = None
-        if "vec" in constants and "vecs_per_thread" in constants:
+        if "vec" in constants and "vecs_per_thread" in constants and not loops:
             elements = constants["vec"] * constants["vecs_per_thread"]
         registers = max(f.registers for f in read_cubin(cubin).values())
         rows.append({
@@ -103,6 +120,7 @@ def count_point(family_name: str, values: dict, arch: str, dump: Path | None = N
             "arch": arch,
             "variant": record.name,
             "instructions": len(path_instructions),
+            "loops": loops,
             "registers": registers,
             "elements_per_thread": elements,
             "per_element": None if elements is None else len(path_instructions) / elements,
@@ -148,13 +166,14 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     print(f"{rows[0]['point']} @ {args.arch}")
-    print("| variant | instructions | registers | elements per thread | per element | top opcodes |")
-    print("|---|---|---|---|---|---|")
+    print("| variant | instructions | loops | registers | elements per thread | per element "
+          "| top opcodes |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         top = ", ".join(f"{k} {v}" for k, v in list(r["opcodes"].items())[:6])
         per = "" if r["per_element"] is None else f"{r['per_element']:.1f}"
-        print(f"| {r['variant']} | {r['instructions']} | {r['registers']} | "
-              f"{r['elements_per_thread'] or ''} | {per} | {top} |")
+        print(f"| {r['variant']} | {r['instructions']} | {'yes' if r['loops'] else 'no'} | "
+              f"{r['registers']} | {r['elements_per_thread'] or ''} | {per} | {top} |")
 
 
 if __name__ == "__main__":

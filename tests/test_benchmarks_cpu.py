@@ -158,10 +158,16 @@ def test_sass_main_path_ends_at_the_last_unconditional_exit():
         "        /*0060*/                   MUFU.RCP R3, R0 ;",
         "        /*0070*/                   RET.REL.NODEC R2 `(kernel) ;",
     ])
-    path = sass.main_path(listing)
+    path, loops = sass.main_path(listing)
     assert [sass.opcode(t) for t in path] == ["LDC", "PREEXIT", "EXIT", "FMUL", "EXIT"]
+    assert not loops  # the branch to itself after the last EXIT is padding
     with pytest.raises(ValueError, match="no unconditional EXIT"):
         sass.main_path(listing.replace("EXIT ;", "NOP ;"))
+    # a branch back inside the main path: a loop, whose static length is not per element
+    looping = listing.replace("        /*0030*/", ".L_x_1:\n        /*0030*/").replace(
+        "FMUL R0, R1, R2 ;", "BRA `(.L_x_1) ;")
+    path, loops = sass.main_path(looping)
+    assert loops and len(path) == 5
 
 
 def test_sass_count_of_a_compiled_point():
@@ -176,7 +182,7 @@ def test_sass_count_of_a_compiled_point():
         "block_scaled_quant", {"hidden": 2048, "format": "mxfp8"}, "sm_90a")}
     assert set(rows) == {"decode", "prefill"}
     for r in rows.values():
-        assert r["instructions"] == sum(r["opcodes"].values()) > 50
+        assert r["instructions"] == sum(r["opcodes"].values()) > 50 and not r["loops"]
         assert {"LDG", "STG", "F2FP"} <= set(r["opcodes"]) and r["registers"] > 0
     assert rows["prefill"]["elements_per_thread"] == 4 * rows["decode"]["elements_per_thread"]
     assert rows["prefill"]["per_element"] < rows["decode"]["per_element"]
