@@ -21,6 +21,25 @@ def multigpu_common():
     return module
 
 
+def config_fields(items: list[str], error) -> dict:
+    """FIELD=VALUE command-line arguments as a config dict: ints, floats and booleans as such,
+    else the string (the family's own checks then refuse what does not fit); `error(message)`
+    (an argparse parser's) for an item that is not FIELD=VALUE."""
+    fields = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            error(f"a config field is FIELD=VALUE, got {item!r}")
+        fields[name] = {"true": True, "false": False}.get(text.lower(), text)
+        for kind in (int, float):
+            try:
+                fields[name] = kind(text)
+                break
+            except ValueError:
+                pass
+    return fields
+
+
 def int_list(text: str) -> list[int]:
     """argparse type of a comma-separated list of positive integers ("1,128,8192")."""
     import argparse

@@ -19,15 +19,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def _value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+from common import config_fields  # noqa: E402
 
 
 def _positive(text: str) -> int:
@@ -45,12 +39,7 @@ def main() -> None:
     parser.add_argument("--variant", help="force a variant (default: the plan's choice)")
     parser.add_argument("--launches", type=_positive, default=3)
     args = parser.parse_args()
-    config_fields = {}
-    for item in args.fields:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            parser.error(f"a config field is FIELD=VALUE, got {item!r}")
-        config_fields[name] = _value(text)
+    fields = config_fields(args.fields, parser.error)
 
     import torch
     from act_quant_cases import compare, make_case
@@ -61,7 +50,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("ncu_point.py needs a CUDA GPU")
     try:
-        handle = open_bundle(args.bundle).kernel(args.family, **config_fields)
+        handle = open_bundle(args.bundle).kernel(args.family, **fields)
     except RoseAotError as exc:
         sys.exit(f"ncu_point.py: {exc}")
     call_args, want, views = make_case(args.family, handle.config, args.tokens, seed=1)

@@ -129,16 +129,6 @@ def count_point(family_name: str, values: dict, arch: str, dump: Path | None = N
     return rows
 
 
-def _value(text: str):
-    """key=value on the command line: ints, floats and booleans as such, else the string."""
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("family", help="kernel family, e.g. nvfp4_quant")
@@ -149,12 +139,12 @@ def main() -> None:
     parser.add_argument("--dump", type=Path, default=None,
                         help="also write each variant's full listing into this folder")
     args = parser.parse_args()
-    values = {}
-    for item in args.config:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            parser.error(f"config fields are key=value (got {item!r})")
-        values[key] = _value(text)
+    # benchmarks/common.py, imported here only: a module-level `import common` would shadow
+    # tests/multigpu's module of that name when the CPU tests load this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import config_fields
+
+    values = config_fields(args.config, parser.error)
 
     from rose_aot.errors import RoseAotError
 
