@@ -94,7 +94,11 @@ def count_point(family_name: str, values: dict, arch: str, dump: Path | None = N
 
     family = get_family(family_name)
     config = family.make_config(**values)
-    point = compile_point(family_name, config, arch)
+    try:
+        point = compile_point(family_name, config, arch)
+    except Exception as exc:  # the DSL's own errors: name the point, as rose-aot build does
+        sys.exit(f"sass_count.py: compiling {family.key(config)} for {arch} failed: "
+                 f"{type(exc).__name__}: {exc}")
     tool = nvdisasm()
     rows = []
     for record in point.record.variants:
@@ -107,7 +111,6 @@ def count_point(family_name: str, values: dict, arch: str, dump: Path | None = N
             sys.exit(f"sass_count.py: nvdisasm failed on {family.key(config)} {record.name}: "
                      f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
         if dump is not None:
-            dump.mkdir(parents=True, exist_ok=True)
             (dump / f"{family_name}-{record.name}-{arch}.sass").write_text(done.stdout)
         path_instructions, loops = main_path(done.stdout)
         constants = record.constants
@@ -145,6 +148,13 @@ def main() -> None:
     from common import config_fields
 
     values = config_fields(args.config, parser.error)
+    if args.dump is not None:  # before the compile: a bad folder should cost nothing
+        if args.dump.exists() and not args.dump.is_dir():
+            sys.exit(f"sass_count.py: --dump {args.dump} is not a folder")
+        try:
+            args.dump.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            sys.exit(f"sass_count.py: cannot use --dump {args.dump}: {exc.strerror or exc}")
 
     from rose_aot.errors import RoseAotError
 

@@ -186,3 +186,22 @@ def test_sass_count_of_a_compiled_point():
         assert {"LDG", "STG", "F2FP"} <= set(r["opcodes"]) and r["registers"] > 0
     assert rows["prefill"]["elements_per_thread"] == 4 * rows["decode"]["elements_per_thread"]
     assert rows["prefill"]["per_element"] < rows["decode"]["per_element"]
+
+
+@pytest.mark.parametrize("extra, code, message", [
+    (["hidden7168"], 2, "a config field is FIELD=VALUE, got 'hidden7168'"),
+    (["hidden=7168", "--dump", "FILE"], 1, "is not a folder"),
+    (["hidden=7"], 1, "'hidden': 7 is not supported"),
+    (["hidden=7168", "--arch", "sm_99"], 1, "unknown arch 'sm_99'"),
+])
+def test_sass_count_refuses_in_one_line(tmp_path, extra, code, message):
+    import subprocess
+
+    pytest.importorskip("cutlass")
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    extra = [str(afile) if e == "FILE" else e for e in extra]
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sass_count.py"),
+                          "nvfp4_quant", *extra], capture_output=True, text=True, timeout=120)
+    assert run.returncode == code and message in run.stderr and "Traceback" not in run.stderr
+    assert afile.read_text() == ""  # nothing written through a bad --dump
