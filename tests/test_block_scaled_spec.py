@@ -263,7 +263,7 @@ def test_compiles_with_expected_ptx(values, arch):
             assert ("min.u16x2 d, d, k;" in ptx) == (not packed)
         if c.format == "nvfp4":
             # the scale's sixth and reciprocal without a division's slow-path call
-            assert "fma.rn.f32 e, 0f40C00000, q, n;" in ptx and "rcp.approx.ftz.f32" in ptx
+            assert "cvt.rn.satfinite.e4m3x2.f32 h, z, q;" in ptx and "rcp.approx.ftz.f32" in ptx
             assert "div.rn.f32" not in ptx and "rcp.rn.f32" not in ptx
         lanes = v.constants["group_lanes"]
         assert ptx.count("shfl.sync.bfly.b32") == (lanes.bit_length() - 1) * v.constants["vecs_per_thread"]

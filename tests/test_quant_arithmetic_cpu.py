@@ -345,13 +345,17 @@ def test_packed_absmax_is_the_largest_magnitude():
 
 
 def test_nvfp4_scale_byte_is_e4m3_of_the_correctly_rounded_sixth():
-    """NVFP4_SCALE_BYTE_PTX: e4m3(fp32(m / 6)) for m = fp32(absmax * g): random magnitudes over
+    """quotient(m, 6, SIXTH) then NVFP4_SCALE_BYTE_PTX, as the kernel computes NVFP4's scale
+    byte: e4m3(fp32(m / 6)) for m = fp32(absmax * g): random magnitudes over
     fp32's range, fp32 neighbours of 6 x every e4m3 value and midpoint (where a quotient off by
     one ulp flips the byte), zeros, subnormals, saturation and +inf (-> 448, as the division
     would give)."""
     import torch
 
-    from rose_aot.kernels.block_scaled_quant.device import NVFP4_SCALE_BYTE_PTX
+    from rose_aot.kernels.block_scaled_quant.device import NVFP4_SCALE_BYTE_PTX, SIXTH
+    from rose_aot.kernels.device_utils import QUOTIENT_PTX
+
+    assert _bits(np.float32(SIXTH)).tolist() == 0x3E2AAAAB  # fp32(1/6), rounded to nearest
 
     rng = np.random.default_rng(5)
     codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
@@ -363,7 +367,10 @@ def test_nvfp4_scale_byte_is_e4m3_of_the_correctly_rounded_sixth():
     m = np.abs(m[np.isfinite(m) | np.isinf(m)])
     with np.errstate(all="ignore"):
         want = _e4m3_bits(_bits((m.astype(f64) / 6.0).astype(f32)))
-    got = run_ptx(NVFP4_SCALE_BYTE_PTX, _bits(m))
+    n = len(m)
+    sixth = run_ptx(QUOTIENT_PTX, _bits(m), np.full(n, _bits(np.float32(6.0)), u32),
+                    np.full(n, _bits(np.float32(SIXTH)), u32))
+    got = run_ptx(NVFP4_SCALE_BYTE_PTX, _bits(m), sixth)
     bad = got != want
     assert not bad.any(), (f"{int(bad.sum())} bytes differ; first m={m[bad][0]!r}: "
                            f"got {got[bad][0]:#x} want {want[bad][0]:#x}")

@@ -14,7 +14,7 @@ from ..device_utils import pdl_prologue, pure_asm, quotient
 from ..spec import Variant
 
 __all__ = ["host_function", "E2M1_PAIR_PTX", "MX_E2M1_BF16X2_PTX", "ABSMAX_BF16X2_STEP_PTX",
-           "BF16X2_LARGER_LANE_PTX", "NVFP4_SCALE_BYTE_PTX", "E4M3_BYTE_VALUE_PTX",
+           "BF16X2_LARGER_LANE_PTX", "SIXTH", "NVFP4_SCALE_BYTE_PTX", "E4M3_BYTE_VALUE_PTX",
            "E4M3_RECIPROCAL_PTX"]
 
 # max representable value = 1.f * 2**K: mantissa field of 1.f and K, per data format
@@ -87,16 +87,15 @@ def _mx_e2m1_bf16x2_ptx() -> str:
 
 
 MX_E2M1_BF16X2_PTX = _mx_e2m1_bf16x2_ptx()
-# $0 = byte of e4m3(fp32($1 / 6)) for $1 = fp32(absmax * g) >= 0 (NVFP4's scale): the quotient
-# as device_utils.quotient computes it (exact; no division's slow-path branch), with 1/6 rounded
-# to nearest, 0f3E2AAAAB; +inf gives +inf (whose quotient would be NaN), which e4m3's satfinite
-# conversion takes to 448 like a division would; NaN stays NaN.
+# fp32(1 / 6) rounded to nearest (0x3E2AAAAB): NVFP4's scale is quotient(m, 6, SIXTH), m the
+# block's fp32(absmax * g), exact like a division but without its slow-path branch
+SIXTH = 1.0 / 6.0
+# $0 = byte of e4m3($2) for $2 = quotient($1, 6, SIXTH): satfinite, so NaN stays NaN and large
+# values give 448, as the division did; $1 = +inf gives +inf (its quotient would be NaN).
 NVFP4_SCALE_BYTE_PTX = "\n".join([
-    "{", ".reg .f32 q, e, n;", ".reg .b16 h;", ".reg .pred p;",
-    "mul.rn.f32 q, $1, 0f3E2AAAAB;", "neg.f32 n, $1;", "fma.rn.f32 e, 0f40C00000, q, n;",
-    "neg.f32 e, e;", "fma.rn.f32 q, e, 0f3E2AAAAB, q;",
-    "setp.eq.f32 p, $1, 0f7F800000;", "selp.f32 q, 0f7F800000, q, p;",
-    "mov.f32 n, 0f00000000;", "cvt.rn.satfinite.e4m3x2.f32 h, n, q;", "cvt.u32.u16 $0, h;", "}",
+    "{", ".reg .f32 q, z;", ".reg .b16 h;", ".reg .pred p;",
+    "setp.eq.f32 p, $1, 0f7F800000;", "selp.f32 q, 0f7F800000, $2, p;",
+    "mov.f32 z, 0f00000000;", "cvt.rn.satfinite.e4m3x2.f32 h, z, q;", "cvt.u32.u16 $0, h;", "}",
 ])
 # $0 = the fp32 value of the e4m3 byte $1 (exact: e4m3 -> f16 -> f32)
 E4M3_BYTE_VALUE_PTX = "\n".join([
@@ -224,8 +223,10 @@ def host_function(config, variant: Variant, arch: Arch):
                     amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j, i]))
             amax = butterfly_max(amax, lanes)
             if const_expr(fmt == "nvfp4"):
-                byte = Uint32(pure_asm(Uint32.mlir_type, [amax * g], NVFP4_SCALE_BYTE_PTX,
-                                       "=r,f"))
+                m = amax * g
+                sixth = quotient(m, Float32(6.0), Float32(SIXTH))
+                byte = Uint32(pure_asm(Uint32.mlir_type, [m, sixth], NVFP4_SCALE_BYTE_PTX,
+                                       "=r,f,f"))
                 # the divisor and reciprocal device_utils.quotient takes: (scale, 1/scale), or
                 # (0, 0) for a zero scale, which quantizes every x to a zero of x's sign
                 divisor = Float32(pure_asm(Float32.mlir_type, [byte], E4M3_BYTE_VALUE_PTX,
