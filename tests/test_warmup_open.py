@@ -37,16 +37,15 @@ def _swap_cubins(index: dict, arch: str, fused: str = "false") -> None:
 
 @pytest.fixture
 def recorded_loads(monkeypatch):
-    """The images the loader would hand cuLibraryLoadData, in order."""
+    """The images the loader would hand cuModuleLoadData, in order."""
     images = []
 
-    def load_library(image, what):
+    def load_module(image, what):
         images.append(bytes(image))
         return object()
 
-    monkeypatch.setattr(driver, "load_library", load_library)
-    monkeypatch.setattr(driver, "get_kernel", lambda lib, name: name)
-    monkeypatch.setattr(driver, "kernel_function", lambda kernel, name: name)
+    monkeypatch.setattr(driver, "load_module", load_module)
+    monkeypatch.setattr(driver, "module_function", lambda module, name: name)
     return images
 
 
@@ -76,7 +75,7 @@ def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
     bundle.check_artifacts("sm_90a")  # the other arch loads
 
     with pytest.raises(BundleError) as first_load:
-        bundle._load_variant(0, key, "sm_100a", "decode")
+        bundle._load_kernels(0, key, "sm_100a", "decode")
     message = str(first_load.value)
     assert message.startswith(f"{bad}: {key} on sm_100a: the cubin of variant decode does not "
                               "match its record (")
@@ -95,7 +94,7 @@ def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
 
     # A good variant hands the driver exactly its verified cubin.
     good = _rms_point(bundle.index, "sm_90a")
-    lib, kernels = bundle._load_variant(0, good["key"], "sm_90a", "decode")
+    kernels = bundle._load_kernels(0, good["key"], "sm_90a", "decode")
     variant = next(v for v in good["variants"] if v["name"] == "decode")
     assert recorded_loads == [bundle.reader.blob(variant["cubin"])]
     assert kernels == variant["entries"]
@@ -153,3 +152,63 @@ def test_a_handle_takes_the_config_checked_at_open(tiny_build, monkeypatch):
     assert conversions == [point["config"]]
     with pytest.raises(KernelNotFoundError):
         bundle.handle("rms_norm(hidden=3)")
+
+
+@pytest.mark.parametrize("helpers", [0, 1, 3])
+def test_in_order_yields_each_outcome_in_task_order(helpers):
+    """preload's pipeline: helpers work ahead (in whatever order they finish), the caller gets
+    each outcome in task order, a failure in its place and the tasks after it still done."""
+    import threading
+    import time
+
+    from rose_aot.loader.runtime import _in_order
+
+    ran_on = {}
+
+    def work(i, delay):
+        time.sleep(delay)
+        ran_on[i] = threading.current_thread().name
+        if i == 3:
+            raise ValueError("task 3")
+        return i * 10
+
+    tasks = [(i, 0.004 if i % 2 == 0 else 0.0) for i in range(8)]
+    out = list(_in_order(work, tasks, helpers))
+    assert [ok for ok, _ in out] == [True, True, True, False, True, True, True, True]
+    assert [r for ok, r in out if ok] == [0, 10, 20, 40, 50, 60, 70]
+    assert str(out[3][1]) == "task 3"
+    names = set(ran_on.values())
+    if helpers:
+        assert names and all(n.startswith("rose-aot verify") for n in names)
+        assert len(names) <= helpers
+    else:
+        assert names == {threading.current_thread().name}
+    assert not [t for t in threading.enumerate() if t.name.startswith("rose-aot verify")]
+
+
+def test_in_order_closed_early_starts_no_more_work():
+    """A caller that stops at the first failure (check_artifacts) closes the pipeline: the
+    helpers finish what they hold, start nothing more, and are gone when close returns."""
+    import threading
+    import time
+    from contextlib import closing
+
+    from rose_aot.loader.runtime import _in_order
+
+    started = []
+
+    def work(i):
+        started.append(i)
+        time.sleep(0.002)
+        if i == 1:
+            raise ValueError("stop here")
+        return i
+
+    tasks = [(i,) for i in range(200)]
+    with closing(_in_order(work, tasks, 2)) as outcomes:
+        first_error = next(exc for ok, exc in outcomes if not ok)
+    assert str(first_error) == "stop here"
+    count = len(started)
+    time.sleep(0.02)
+    assert len(started) == count < 20  # nothing started after close
+    assert not [t for t in threading.enumerate() if t.name.startswith("rose-aot verify")]

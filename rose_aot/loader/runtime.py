@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
+from contextlib import closing
 from functools import partial
 
 from ..archs import ARCHS, arch_for_capability, get_arch
@@ -34,12 +35,12 @@ __all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
-# Threads of preload() unless told. Helper threads verify cubins (zstd and sha256 run without
-# the GIL) and make driver calls (cuda.bindings releases the GIL in them), but on the H200 more
-# threads only added their cost: DeepSeek-V3 14.24 / 14.98 / 17.53 ms with 1 / 2 / 8 threads
-# (benchmarks/warmup.py gpu-side, ROSE_WARMUP_PRELOAD_THREADS=1,2,8,
-# benchmarks/results/warmup-threads-h200.log), the driver's module loads not overlapping.
-PRELOAD_THREADS = 1
+# Threads of preload() unless told: one helper verifies artifacts (zstd and sha256 run without
+# the GIL) while the calling thread loads them (cuda.bindings releases the GIL in driver calls).
+# More loading threads do not help: the driver's module loads into one context do not overlap
+# (DeepSeek-V3 14.24 / 14.98 / 17.53 ms with 1 / 2 / 8 threads each verifying and loading,
+# benchmarks/results/warmup-threads-h200.log).
+PRELOAD_THREADS = 2
 
 
 def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBundle":
@@ -116,7 +117,9 @@ class KernelBundle:
             self._configs.setdefault(point["key"], (family, config))
             for raw, variant in zip(point["variants"], record.variants):
                 self._variants_by_name[(point["key"], point["arch"], variant.name)] = raw, variant
-        self._libraries: dict[tuple[str, str, str], object] = {}
+        # (device, key, arch, variant name) -> its module in the device's context (kept: its
+        # functions live as long as it does)
+        self._modules: dict[tuple[int, str, str, str], object] = {}
         self._device_kernels: dict[tuple[int, str, str, str], list] = {}
         self._device_arch: dict[int, str] = {}
         self._sm_counts: dict[int, int] = {}
@@ -218,11 +221,12 @@ class KernelBundle:
 
     def check_artifacts(self, arch: str | None = None, *, threads: int = 1) -> int:
         """Verify now, as loads would (verified_image), the artifact of every variant of
-        `arch`'s points (default: every arch), on up to `threads` threads. The first error in
-        (point, arch, variant) order is raised. Returns the number of variants checked."""
+        `arch`'s points (default: every arch); with `threads` > 1, on `threads - 1` helper
+        threads while this one takes their results in order. The first error in (point, arch,
+        variant) order is raised. Returns the number of variants checked."""
         tasks = self._variants(arch)
-        error = next((exc for ok, exc in _run_tasks(self.verified_image, tasks, threads)
-                      if not ok), None)
+        with closing(_in_order(self.verified_image, tasks, threads - 1)) as outcomes:
+            error = next((exc for ok, exc in outcomes if not ok), None)
         if error is not None:
             raise error
         return len(tasks)
@@ -318,14 +322,6 @@ class KernelBundle:
             self._device_arch[device] = arch
         return arch
 
-    def _library(self, key: str, arch: str, variant_name: str):
-        """The variant's library (shared by every device), loaded from its verified image."""
-        lib = self._libraries.get((key, arch, variant_name))
-        if lib is None:
-            image = self.verified_image(key, arch, variant_name)
-            lib = driver.load_library(image, f"{key} {variant_name} ({arch})")
-        return lib
-
     def device_kernels(self, device: int, key: str, variant_name: str) -> list:
         """CUfunction handles of one variant's entries, loaded into `device`'s context."""
         arch = self.arch_for_device(device)
@@ -349,26 +345,28 @@ class KernelBundle:
                 key, [], f"the bundle has it for {self._archs_of(key)} but cuda:{device} "
                 f"needs {arch}"
             )
-        lib, kernels = self._load_variant(device, key, arch, variant_name)
-        self._libraries[(key, arch, variant_name)] = lib
-        self._device_kernels[cache_key] = kernels
-        return kernels
+        image = self.verified_image(key, arch, variant_name)
+        self._keep_loaded(cache_key, *self._load_variant(image, device, key, arch, variant_name))
+        return self._device_kernels[cache_key]
 
-    def _load_variant(self, device: int, key: str, arch: str, variant_name: str) -> tuple:
-        """(library, CUfunctions of the entries) of one variant in the current context (that of
-        `device`). Stores nothing: the caller does, holding the bundle's lock, so that the
-        threads of a preload can run this at once."""
+    def _load_variant(self, image: bytes, device: int, key: str, arch: str,
+                      variant_name: str) -> tuple:
+        """(module, CUfunctions of the entries) of one variant, loaded from its verified image
+        into the current context (that of `device`). Stores nothing: the caller does
+        (_keep_loaded), holding the bundle's lock."""
         record = self._records[(key, arch)].variant(variant_name)
-        lib = self._library(key, arch, variant_name)
+        module = driver.load_module(image, f"{key} {variant_name} ({arch}) on cuda:{device}")
         kernels = []
         for entry in record.entries:
-            kernel = driver.get_kernel(lib, entry)
+            function = driver.module_function(module, entry)
             if record.smem > 48 * 1024:
-                driver.set_max_dynamic_smem(kernel, device, record.smem, entry)
-            # The context's own function: loads the module into this device's context now
-            # (not at the first launch) and spares the driver a per-launch lookup.
-            kernels.append(driver.kernel_function(kernel, entry))
-        return lib, kernels
+                driver.set_max_dynamic_smem(function, record.smem, entry)
+            kernels.append(function)
+        return module, kernels
+
+    def _keep_loaded(self, cache_key: tuple, module, kernels: list) -> None:
+        self._modules[cache_key] = module
+        self._device_kernels[cache_key] = kernels
 
     def sm_count(self, device: int) -> int:
         """The device's SM count (cuDeviceGetAttribute), read once: plans size cooperative and
@@ -389,11 +387,12 @@ class KernelBundle:
 
     def preload(self, device: int | None = None, *, threads: int | None = None) -> int:
         """Load every kernel for `device` (default: torch's current device) now, for warmup:
-        verify each variant's artifact (verified_image) and load it into the device's context,
-        on up to `threads` threads (default PRELOAD_THREADS; 1 loads in the calling thread
-        only). Holds the bundle's lock throughout; the first error in (point, variant) order is
-        raised, after every other variant was tried and what loaded was kept. Returns the
-        number of kernel entries loaded."""
+        verify each variant's artifact (verified_image) and load it into the device's context.
+        With `threads` > 1 (default PRELOAD_THREADS), `threads - 1` helper threads verify the
+        artifacts ahead, in order, while the calling thread hands each verified image to the
+        driver; with 1, the calling thread does both. Holds the bundle's lock throughout; the
+        first error in (point, variant) order is raised, after every other variant was tried
+        and what loaded was kept. Returns the number of kernel entries loaded."""
         import torch
 
         if threads is None:
@@ -411,26 +410,18 @@ class KernelBundle:
         with self._lock, torch.cuda.device(device):
             driver.make_primary_context_current(device)
             todo = [t for t in self._variants(arch) if (device, *t) not in self._device_kernels]
-            setup = None
-            if threads > 1 and len(todo) > 1:
-                # Other threads load into the context this thread has current, made current
-                # in each of them (a CUDA context is current per thread).
-                cu = driver.driver()
-                context = driver.check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-
-                def setup():
-                    driver.check(cu.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-
-            load = partial(self._load_variant, device)
             error = None
-            for (key, a, name), (ok, result) in zip(todo, _run_tasks(load, todo, threads, setup)):
-                if not ok:
+            with closing(_in_order(self.verified_image, todo, threads - 1)) as verified:
+                for task, (ok, result) in zip(todo, verified):
+                    if ok:
+                        try:
+                            self._keep_loaded((device, *task),
+                                              *self._load_variant(result, device, *task))
+                            continue
+                        except Exception as exc:
+                            result = exc
                     if error is None:
                         error = result
-                    continue
-                lib, kernels = result
-                self._libraries[(key, a, name)] = lib
-                self._device_kernels[(device, key, a, name)] = kernels
             if error is not None:
                 raise error
             return sum(len(self._device_kernels[(device, *t)]) for t in self._variants(arch))
@@ -469,59 +460,50 @@ class KernelBundle:
 
 
 
-def _run_tasks(work, tasks: list[tuple], threads: int, setup=None) -> list[tuple[bool, object]]:
-    """(True, work(*task)) or (False, the exception it raised) for each task, in task order, on
-    up to `threads` threads: the calling thread and threads started here, each of which calls
-    `setup()` first (a failed setup fails the tasks that thread takes). One thread stops at the
-    first failure; several finish every task (the caller raises the first in task order
-    either way)."""
-    outcomes: list = [None] * len(tasks)
-    if threads <= 1 or len(tasks) <= 1:
-        for i, task in enumerate(tasks):
+def _in_order(work, tasks: list[tuple], helpers: int):
+    """(True, work(*task)) or (False, the exception it raised) for each task, yielded in task
+    order as soon as it is ready, while `helpers` threads (0: none, the caller's thread works)
+    work ahead. Preload's pipeline: the helpers verify artifacts (zstd and sha256 run without
+    the GIL) while the caller's driver loads run. Closing the generator early lets the helpers
+    finish the task they hold and start no other; it returns once they have stopped."""
+    if helpers <= 0 or len(tasks) <= 1:
+        for task in tasks:
             try:
-                outcomes[i] = (True, work(*task))
+                yield True, work(*task)
             except Exception as exc:
-                outcomes[i] = (False, exc)
-                return outcomes[: i + 1]
-        return outcomes
+                yield False, exc
+        return
+    outcomes: list = [None] * len(tasks)
+    ready = [threading.Event() for _ in tasks]
     pending = iter(range(len(tasks)))
     take = threading.Lock()
+    stop = False
 
-    def worker(prepare, catch) -> None:
-        failed = None
-        if prepare is not None:
-            try:
-                prepare()
-            except catch as exc:
-                failed = exc
-        while True:
+    def worker() -> None:
+        while not stop:
             with take:
                 i = next(pending, None)
             if i is None:
                 return
-            if failed is not None:
-                outcomes[i] = (False, failed)
-                continue
             try:
                 outcomes[i] = (True, work(*tasks[i]))
-            except catch as exc:
+            except BaseException as exc:  # handed to the caller, who raises it
                 outcomes[i] = (False, exc)
+            ready[i].set()
 
-    # Helper threads hand the caller whatever they raise; the calling thread lets a
-    # KeyboardInterrupt through (after the helpers finish).
-    helpers = [
-        threading.Thread(target=worker, args=(setup, BaseException), name=f"rose-aot load {n}",
-                         daemon=True)
-        for n in range(min(threads, len(tasks)) - 1)
-    ]
-    for t in helpers:
+    threads = [threading.Thread(target=worker, name=f"rose-aot verify {n}", daemon=True)
+               for n in range(min(helpers, len(tasks)))]
+    for t in threads:
         t.start()
     try:
-        worker(None, Exception)
+        for i in range(len(tasks)):
+            ready[i].wait()
+            outcome, outcomes[i] = outcomes[i], None  # the caller keeps what it needs
+            yield outcome
     finally:
-        for t in helpers:
+        stop = True
+        for t in threads:
             t.join()
-    return outcomes
 
 
 class KernelHandle:

@@ -99,9 +99,10 @@ def test_one_bundle_serves_every_gpu(bundle):
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_preload_on_threads_loads_every_kernel_that_then_runs(shipped_bundle_path, threads):
-    """preload(threads=N): helper threads make the device's context current and load their
-    share; every entry of the device's arch is loaded once, the handles launch from those
-    modules without loading anything more, and the result is the reference's."""
+    """preload(threads=N): N - 1 helper threads verify the artifacts ahead while the calling
+    thread loads them into the device's context; every entry of the device's arch is loaded
+    once, the handles launch from those modules without loading anything more, and the result
+    is the reference's."""
     import torch
 
     bundle = open_bundle(shipped_bundle_path)  # fresh: nothing loaded yet
