@@ -24,8 +24,9 @@ model's sm_90a points from its build report (what a replica pays at every start 
 The CPU side prints its table only.
 
 ROSE_WARMUP_PRELOAD_THREADS=1,4 (a list of positive integers; default: preload()'s own default,
-rose_aot.loader.runtime.PRELOAD_THREADS) measures each model with each preload thread count,
-alternating them over the cold processes, one row per (model, threads); both sides.
+rose_aot.loader.runtime.PRELOAD_THREADS, on the GPU side and 1 on the CPU side) measures each
+model with each preload thread count, alternating them over the cold processes, one row per
+(model, threads); both sides.
 """
 
 from __future__ import annotations
@@ -91,9 +92,10 @@ _CPU_PROBE = r"""
 import json, sys, time
 import torch
 import rose_aot
-from rose_aot.loader import runtime
 arch = sys.argv[2]
-threads = int(sys.argv[3]) if sys.argv[3] else runtime.PRELOAD_THREADS
+# The calling thread alone unless told: preload's helper thread pays off only next to the
+# driver's loads, and here there are none.
+threads = int(sys.argv[3]) if sys.argv[3] else 1
 t0 = time.perf_counter()
 bundle = rose_aot.open_bundle(sys.argv[1])
 t1 = time.perf_counter()

@@ -81,10 +81,11 @@ def make_primary_context_current(device: int) -> None:
 
 def load_module(image: bytes, what: str):
     """cuModuleLoadData of a verified cubin (or PTX, NUL-terminated, for the driver to JIT) into
-    the current context. A module, not a context-independent library: on the H200 45 cubins
-    took 2.62 ms as modules and 3.82 ms as libraries (cuLibraryLoadData, cuLibraryGetKernel,
-    cuKernelGetFunction; benchmarks/preload_probe.py, benchmarks/results/preload-probe-*);
-    a second device loads its own module from the same verified image."""
+    the current context. A module, not a context-independent library: DeepSeek-V3's 45 cubins
+    took 3.88 ms of driver calls as modules and 6.15 ms as libraries (cuLibraryLoadData,
+    cuLibraryGetKernel, cuKernelGetFunction) on the H200 (benchmarks/preload_probe.py,
+    benchmarks/results/preload-probe-2xh200.log); a second device loads its own module from
+    the same verified image."""
     cu = driver()
     return check(cu.cuModuleLoadData(image), f"loading {what}")
 

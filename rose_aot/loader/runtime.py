@@ -36,9 +36,11 @@ __all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS"]
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
 # Threads of preload() unless told: one helper verifies artifacts (zstd and sha256 run without
-# the GIL) while the calling thread loads them (cuda.bindings releases the GIL in driver calls).
-# More loading threads do not help: the driver's module loads into one context do not overlap
-# (DeepSeek-V3 14.24 / 14.98 / 17.53 ms with 1 / 2 / 8 threads each verifying and loading,
+# the GIL) while the calling thread loads them (cuda.bindings releases the GIL in driver calls):
+# DeepSeek-V3's preload took 8.86 ms against 12.35 with one thread doing both
+# (benchmarks/preload_probe.py, benchmarks/results/preload-probe-2xh200.log). More loading
+# threads do not help: the driver's module loads into one context do not overlap (14.24 /
+# 14.98 / 17.53 ms with 1 / 2 / 8 threads each verifying and loading, the library loader,
 # benchmarks/results/warmup-threads-h200.log).
 PRELOAD_THREADS = 2
 
@@ -404,7 +406,14 @@ class KernelBundle:
                 "preload(): no usable CUDA device (torch.cuda.is_available() is False); run on a "
                 "GPU machine with a driver, or skip preloading where there is none"
             )
-        device = torch.cuda.current_device() if device is None else device
+        count = torch.cuda.device_count()
+        if device is None:
+            device = torch.cuda.current_device()
+        elif isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < count:
+            raise ArgumentError(
+                f"preload(): the device must be a CUDA device index in [0, {count}) (got "
+                f"{device!r})"
+            )
         arch = self.arch_for_device(device)
         # One switch to the device's context for every load (not one per variant).
         with self._lock, torch.cuda.device(device):

@@ -111,10 +111,16 @@ def test_preload_on_threads_loads_every_kernel_that_then_runs(shipped_bundle_pat
     want = sum(len(v.entries) for key in bundle.points(arch)
                for v in bundle.record(key, arch).variants)
     assert bundle.preload(device, threads=threads) == want
+    assert sum(len(k) for (d, *_), k in bundle._device_kernels.items() if d == device) == want
+    _norm_runs_without_loading(bundle, threads)
+
+
+def _norm_runs_without_loading(bundle, seed):
+    import torch
+
     loaded = dict(bundle._device_kernels)
-    assert sum(len(k) for (d, *_), k in loaded.items() if d == device) == want
     norm = bundle.kernel("rms_norm", hidden=H, eps=1e-6, fused_residual=True)
-    gen = torch.Generator(device="cuda").manual_seed(threads)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     for tokens in (1, 4096):  # the decode and the prefill variant
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, generator=gen)
         res = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -126,6 +132,20 @@ def test_preload_on_threads_loads_every_kernel_that_then_runs(shipped_bundle_pat
         torch.testing.assert_close(r.cpu(), want_res, rtol=0, atol=0)
         torch.testing.assert_close(out.cpu().float(), want_out.float(), rtol=1e-2, atol=1e-2)
     assert bundle._device_kernels == loaded  # the launches loaded nothing more
+
+
+def test_preload_refuses_a_device_it_does_not_have(shipped_bundle_path):
+    """preload(device) names the devices there are, before anything is loaded."""
+    import torch
+
+    from rose_aot.errors import ArgumentError
+
+    bundle = open_bundle(shipped_bundle_path)
+    count = torch.cuda.device_count()
+    for device in (count, -1, True, "0"):
+        with pytest.raises(ArgumentError, match=rf"must be a CUDA device index in \[0, {count}\)"):
+            bundle.preload(device)
+    assert bundle._device_kernels == {}
 
 
 def test_first_launch_from_a_thread_that_never_used_cuda(shipped_bundle_path):
