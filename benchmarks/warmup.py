@@ -23,8 +23,8 @@ medians of 5 cold processes; the JIT column is the DSL import plus the compile s
 model's sm_90a points from its build report (what a replica pays at every start without AOT).
 The CPU side prints its table only.
 
-ROSE_WARMUP_PRELOAD_THREADS=1,4 (a list of positive integers; default: preload()'s own default,
-rose_aot.loader.runtime.PRELOAD_THREADS, on the GPU side and 1 on the CPU side) measures each
+ROSE_WARMUP_PRELOAD_THREADS=1,4 (a list of positive integers; default: preload()'s own choice,
+see rose_aot.loader.runtime.PRELOAD_THREADS, on the GPU side and 1 on the CPU side) measures each
 model with each preload thread count, alternating them over the cold processes, one row per
 (model, threads); both sides.
 """
@@ -75,8 +75,7 @@ t1 = time.perf_counter()
 from rose_aot.loader import driver
 driver.driver()
 tb = time.perf_counter()
-from rose_aot.loader import runtime
-threads = int(sys.argv[3]) if sys.argv[3] else runtime.PRELOAD_THREADS
+threads = int(sys.argv[3]) if sys.argv[3] else None  # None: preload()'s own default
 bundle = rose_aot.open_bundle(sys.argv[1])
 t2 = time.perf_counter()
 kernels = bundle.preload(0, threads=threads)
@@ -85,7 +84,8 @@ t3 = time.perf_counter()
 assert "cutlass" not in sys.modules
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "driver_binding_ms": (tb - t1) * 1e3,
                   "open_verify_ms": (t2 - tb) * 1e3, "preload_ms": (t3 - t2) * 1e3,
-                  "kernels": kernels, "context_ms": context_ms, "threads": threads}))
+                  "kernels": kernels, "context_ms": context_ms,
+                  "threads": threads or "default"}))
 """
 
 _CPU_PROBE = r"""

@@ -31,18 +31,23 @@ from .. import settings
 from . import driver
 from .args import ArgBinder, ParamPacker
 
-__all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS"]
+__all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS", "PRELOAD_PIPELINE_MIN"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
-# Threads of preload() unless told: one helper verifies artifacts (zstd and sha256 run without
-# the GIL) while the calling thread loads them (cuda.bindings releases the GIL in driver calls):
-# DeepSeek-V3's preload took 8.86 ms against 12.35 with one thread doing both
-# (benchmarks/preload_probe.py, benchmarks/results/preload-probe-2xh200.log). More loading
-# threads do not help: the driver's module loads into one context do not overlap (14.24 /
-# 14.98 / 17.53 ms with 1 / 2 / 8 threads each verifying and loading, the library loader,
+# Threads of preload() unless told, for a load of at least PRELOAD_PIPELINE_MIN variants: one
+# helper verifies artifacts (zstd and sha256 run without the GIL) while the calling thread loads
+# them (cuda.bindings releases the GIL in driver calls). Smaller loads stay on the calling
+# thread, where the helper's start and hand-overs cost more than the overlap saves. Measured
+# (DeepSeek-V3: 45 variants; the other shipped models: 6-17): DeepSeek-V3's preload took 8.86
+# ms against 12.35 with one thread on one host (benchmarks/results/preload-probe-2xh200.log),
+# 8.02 against 8.21 on another, where the models of 6-17 variants took 0.1-0.7 ms longer with
+# the helper in 8 of 9 (benchmarks/results/warmup-threads-2xh200.log). More loading threads
+# do not help: the driver's module loads into one context do not overlap (14.24 / 14.98 /
+# 17.53 ms with 1 / 2 / 8 threads each verifying and loading, the library loader,
 # benchmarks/results/warmup-threads-h200.log).
 PRELOAD_THREADS = 2
+PRELOAD_PIPELINE_MIN = 32
 
 
 def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBundle":
@@ -390,16 +395,17 @@ class KernelBundle:
     def preload(self, device: int | None = None, *, threads: int | None = None) -> int:
         """Load every kernel for `device` (default: torch's current device) now, for warmup:
         verify each variant's artifact (verified_image) and load it into the device's context.
-        With `threads` > 1 (default PRELOAD_THREADS), `threads - 1` helper threads verify the
-        artifacts ahead, in order, while the calling thread hands each verified image to the
-        driver; with 1, the calling thread does both. Holds the bundle's lock throughout; the
-        first error in (point, variant) order is raised, after every other variant was tried
-        and what loaded was kept. Returns the number of kernel entries loaded."""
+        With `threads` > 1, `threads - 1` helper threads verify the artifacts ahead, in order,
+        while the calling thread hands each verified image to the driver; with 1, the calling
+        thread does both. Default: PRELOAD_THREADS for at least PRELOAD_PIPELINE_MIN variants
+        to load, else 1. Holds the bundle's lock throughout; the first error in (point,
+        variant) order is raised, after every other variant was tried and what loaded was
+        kept. Returns the number of kernel entries loaded."""
         import torch
 
-        if threads is None:
-            threads = PRELOAD_THREADS
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        default = threads is None
+        if not default and (isinstance(threads, bool) or not isinstance(threads, int)
+                            or threads < 1):
             raise ArgumentError(f"preload(): threads must be a positive int (got {threads!r})")
         if not torch.cuda.is_available():
             raise DeviceError(
@@ -419,6 +425,8 @@ class KernelBundle:
         with self._lock, torch.cuda.device(device):
             driver.make_primary_context_current(device)
             todo = [t for t in self._variants(arch) if (device, *t) not in self._device_kernels]
+            if default:
+                threads = PRELOAD_THREADS if len(todo) >= PRELOAD_PIPELINE_MIN else 1
             error = None
             with closing(_in_order(self.verified_image, todo, threads - 1)) as verified:
                 for task, (ok, result) in zip(todo, verified):

@@ -178,3 +178,30 @@ def test_first_launch_from_a_thread_that_never_used_cuda(shipped_bundle_path):
     want_out, want_res = _expected(norm, x, res, w)
     torch.testing.assert_close(r.cpu(), want_res, rtol=0, atol=0)
     torch.testing.assert_close(out.cpu().float(), want_out.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_preload_by_default_verifies_on_a_helper_only_for_large_loads(shipped_bundle_path,
+                                                                       monkeypatch):
+    """preload() without threads: one helper thread verifies ahead from PRELOAD_PIPELINE_MIN
+    variants to load, none below (both ways load every entry)."""
+    import torch
+
+    from rose_aot.loader import runtime
+
+    calls = []
+    real = runtime._in_order
+
+    def spy(work, tasks, helpers):
+        calls.append((len(tasks), helpers))
+        return real(work, tasks, helpers)
+
+    monkeypatch.setattr(runtime, "_in_order", spy)
+    device = torch.cuda.current_device()
+    large = open_bundle(shipped_bundle_path)
+    loaded = large.preload(device)
+    assert calls[-1][0] >= runtime.PRELOAD_PIPELINE_MIN, "the shipped bundle is a large load"
+    assert calls[-1][1] == runtime.PRELOAD_THREADS - 1
+    monkeypatch.setattr(runtime, "PRELOAD_PIPELINE_MIN", calls[-1][0] + 1)
+    small = open_bundle(shipped_bundle_path)
+    assert small.preload(device) == loaded
+    assert calls[-1][1] == 0
