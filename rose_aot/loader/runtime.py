@@ -40,11 +40,12 @@ _REBUILD = "rebuild the bundle with `rose-aot build`"
 # them (cuda.bindings releases the GIL in driver calls). Smaller loads stay on the calling
 # thread, where the helper's start and hand-overs cost more than the overlap saves. Measured
 # (DeepSeek-V3: 45 variants; the other shipped models: 6-17): DeepSeek-V3's preload took 8.86
-# ms against 12.35 with one thread on one host (benchmarks/results/preload-probe-2xh200.log),
-# 8.02 against 8.21 on another, where the models of 6-17 variants took 0.1-0.7 ms longer with
-# the helper in 8 of 9 (benchmarks/results/warmup-threads-2xh200.log). More loading threads
-# do not help: the driver's module loads into one context do not overlap (14.24 / 14.98 /
-# 17.53 ms with 1 / 2 / 8 threads each verifying and loading, the library loader,
+# and 6.87 ms against 12.35 and 9.03 with one thread (benchmarks/results/preload-probe-2xh200.log,
+# preload-probe-final-2xh200.log), 8.02 against 8.21 in a warmup run, where the models of 6-17
+# variants took 0.1-0.7 ms longer with the helper in 8 of 9
+# (benchmarks/results/warmup-threads-2xh200.log). More loading threads do not help: the
+# driver's module loads into one context do not overlap (14.24 / 14.98 / 17.53 ms with 1 / 2 /
+# 8 threads each verifying and loading, the library loader,
 # benchmarks/results/warmup-threads-h200.log).
 PRELOAD_THREADS = 2
 PRELOAD_PIPELINE_MIN = 32

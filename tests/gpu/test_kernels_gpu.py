@@ -120,6 +120,30 @@ def test_every_point_against_reference(bundle, tokens):
         _run_point(bundle, family_name, config, tokens, variants, seed=1000 * tokens + i)
 
 
+def test_the_ptx_fallback_loads_and_matches_the_cubins(bundle, shipped_bundle_path):
+    """open_bundle(use_ptx=True): the driver JIT-compiles the bundle's PTX into modules (the
+    reported fallback for drivers that refuse the cubins); the kernels run, match the float64
+    reference, and give the cubins' bits (the same PTX, compiled by the driver's ptxas)."""
+    import torch
+
+    ptx_bundle = open_bundle(shipped_bundle_path, use_ptx=True)
+    family_name, config = next(p for p in _points(bundle) if p[0] == "rms_norm")
+    _run_point(ptx_bundle, family_name, config, 7, [None], seed=77)
+    handles = [b.kernel(family_name, **config) for b in (bundle, ptx_bundle)]
+    gen = torch.Generator(device="cuda").manual_seed(78)
+    inputs = _make_inputs(_args(handles[0]), 7, gen)
+    outputs = []
+    for handle in handles:
+        dev = [t.clone() for t in inputs]
+        handle(*dev)
+        torch.cuda.synchronize()
+        outputs.append(dev)
+    for got, want in zip(*outputs):
+        assert torch.equal(got, want)
+    loaded = [k for k in ptx_bundle._device_kernels]
+    assert loaded and all(k[1] == handles[1].key for k in loaded)  # only what ran was JIT-ed
+
+
 def test_qk_norm_on_views_of_a_fused_qkv_buffer(bundle):
     """q and k as strided views of one [T, (Hq + 2 Hk) * D] projection output, in place."""
     import torch
