@@ -52,9 +52,9 @@ __all__ = [
 # end, "release 13.4", not the ptxas that made the cubins: 12.9.83) and cubins with ELF ABI
 # version 7 for sm_90a but 8 (the newer cubin layout) for sm_100a; a cu12 cubin and PTX 8.8 load
 # on driver 580, PTX 9.4 does not.
-# Assumptions: Linux drivers; the loader calls only CUDA 12.0 driver APIs (cuModule*,
-# cuFunc*, cuLaunchKernel(Ex)); ELF ABI 8 cubins need the CUDA 12.8 driver (570.26), the first with that layout and
-# with Blackwell support; the PTX fallback (open_bundle(use_ptx=True)) is a reported fallback,
+# Assumptions: Linux drivers; the loader calls only CUDA 12.0 driver APIs (cuModule*, cuFunc*,
+# cuLaunchKernel(Ex)); ELF ABI 8 cubins need the CUDA 12.8 driver (570.26), the first with that
+# layout and with Blackwell support; the PTX fallback (open_bundle(use_ptx=True)) is a reported fallback,
 # so its driver is reported, not enforced.
 CUDA_RELEASE_DRIVERS: dict[str, str] = {
     "12.0": "525.60.13",

@@ -31,7 +31,8 @@ from .. import settings
 from . import driver
 from .args import ArgBinder, ParamPacker
 
-__all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS", "PRELOAD_PIPELINE_MIN"]
+__all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS",
+           "PRELOAD_PIPELINE_MIN"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
@@ -483,7 +484,10 @@ def _in_order(work, tasks: list[tuple], helpers: int):
     order as soon as it is ready, while `helpers` threads (0: none, the caller's thread works)
     work ahead. Preload's pipeline: the helpers verify artifacts (zstd and sha256 run without
     the GIL) while the caller's driver loads run. Closing the generator early lets the helpers
-    finish the task they hold and start no other; it returns once they have stopped."""
+    finish the task they hold and start no other; it returns once they have stopped.
+    Not bounded: helpers faster than the caller hold every result it has not taken yet (for
+    preload, verified images: for the shipped bundles under 1 MB in all; a bundle of huge
+    cubins would want a bound on how far ahead they run)."""
     if helpers <= 0 or len(tasks) <= 1:
         for task in tasks:
             try:
