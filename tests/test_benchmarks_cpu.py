@@ -205,3 +205,41 @@ def test_sass_count_refuses_in_one_line(tmp_path, extra, code, message):
                           "nvfp4_quant", *extra], capture_output=True, text=True, timeout=120)
     assert run.returncode == code and message in run.stderr and "Traceback" not in run.stderr
     assert afile.read_text() == ""  # nothing written through a bad --dump
+
+
+def _load_merge_probe():
+    spec = importlib.util.spec_from_file_location(
+        "rose_benchmarks_merge_probe", os.path.join(ROOT, "benchmarks", "merge_probe.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_merge_probe_joins_modules_under_one_header_and_normalizes_only_numbering():
+    probe = _load_merge_probe()
+    head = "//\n.version 8.8\n.target sm_90a\n.address_size 64\n"
+    one = probe.merged([head + "\n.visible .entry a() { ret; }\n",
+                        head + "\n.visible .entry b() { ret; }\n"])
+    assert one.count(".version") == 1 and one.index("entry a") < one.index("entry b")
+    # what a module numbers per module is normalized; anything else is kept
+    assert probe._normalized("@!P0 BRA  `(.L_x_12)") == "@!P0 BRA `(.L_x)"
+    assert (probe._normalized("CALL.REL.NOINC `($__internal_3_$__cuda_sm3x_div_rn)")
+            == "CALL.REL.NOINC `($__internal_$__cuda_sm3x_div_rn)")
+    assert probe._normalized("RET.REL.NODEC R14 `(m2v1__kernel_x)") == "RET.REL.NODEC R14 `(kernel_x)"
+    assert probe._normalized("FFMA R1, R2, R3, R4") != probe._normalized("FFMA R1, R2, R3, R5")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ptxas", "/no/such/ptxas", "b.rosebundle"], "no ptxas; pip install nvidia-cuda-nvcc-cu12"),
+    (["--ptxas", "README.md", "README.md"], "not a rose-aot bundle"),  # any file as ptxas
+])
+def test_merge_probe_refuses_in_one_line(args, message):
+    import subprocess
+
+    probe = _load_merge_probe()
+    if "README.md" in args and probe.find_nvdisasm() is None:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    args = [os.path.join(ROOT, a) if a.startswith("README") else a for a in args]
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "merge_probe.py"),
+                          *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
