@@ -136,12 +136,17 @@ def test_ncu_point_refuses_in_one_line(extra, code, message):
     assert run.returncode == code and message in run.stderr and "Traceback" not in run.stderr
 
 
-def _load_sass_count():
+def _load_benchmark(name: str):
+    """A script of benchmarks/ as a module (they are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(
-        "rose_benchmarks_sass_count", os.path.join(ROOT, "benchmarks", "sass_count.py"))
+        f"rose_benchmarks_{name}", os.path.join(ROOT, "benchmarks", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_sass_count():
+    return _load_benchmark("sass_count")
 
 
 def test_sass_main_path_ends_at_the_last_unconditional_exit():
@@ -208,11 +213,7 @@ def test_sass_count_refuses_in_one_line(tmp_path, extra, code, message):
 
 
 def _load_merge_probe():
-    spec = importlib.util.spec_from_file_location(
-        "rose_benchmarks_merge_probe", os.path.join(ROOT, "benchmarks", "merge_probe.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_benchmark("merge_probe")
 
 
 def test_merge_probe_joins_modules_under_one_header_and_normalizes_only_numbering():
