@@ -98,6 +98,9 @@ def main() -> None:
     unknown = [w for w in ways if w not in WAYS]
     if unknown or args.repeats < 1:
         sys.exit(f"preload_probe.py: ways are {', '.join(WAYS)}; repeats >= 1")
+    if not os.path.isfile(args.bundle):
+        sys.exit(f"preload_probe.py: {args.bundle} is not a file; build the bundles with "
+                 "`python benchmarks/warmup.py build-side build/models manifests/*.toml`")
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     for _ in range(args.repeats):
         for way in ways:
