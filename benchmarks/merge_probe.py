@@ -131,7 +131,7 @@ def probe(path: str, arch: str, ptxas: str, nvdisasm: str, work: Path) -> dict:
             "variants": len(point["variants"]),
             "alone_identical": alone_same,
             "point_module_identical": all(got.get(n) == want[n] for n in names),
-            "cubin_bytes": sum(reader.blob(v["cubin"]).__len__() for v in point["variants"]),
+            "cubin_bytes": sum(len(reader.blob(v["cubin"])) for v in point["variants"]),
             "point_module_bytes": len(one),
         })
     whole = compile_ptx(ptxas, arch, merged([t for texts in renamed_ptx for t in texts]), work)
