@@ -4,7 +4,8 @@ SiLU-mul. block_scaled_quant (with nvfp4_quant) has a torch peer for MXFP8 with 
 scales only (no fp4 peer).
 
     python benchmarks/bench_act_quant.py BUNDLE [--family act_and_mul|fp8_group_quant|
-        act_and_mul_fp8_quant|all] [--tokens 1,16,...] [--widths 2048,4096,...]
+        act_and_mul_fp8_quant|...|all, or several joined by commas] [--tokens 1,16,...]
+        [--widths 2048,4096,...] [--no-peers] [--label NAME]
 
 BUNDLE must hold the points of benchmarks/manifests/act_quant.toml
 (`rose-aot build benchmarks/manifests/act_quant.toml -o build/bench-act-quant.rosebundle`).
@@ -14,6 +15,8 @@ timing, our output at the benchmarked shape is checked against the float64 refer
 first rows (the GPU suite's tolerances); a failed check aborts the run. Bytes counted: input
 read + outputs written, scales included. Writes act_quant-<family>.json and act_quant-<family>.md
 to $OUT (or benchmarks/results), plus one PNG per family when matplotlib is installed.
+--no-peers times only rose-aot (plan and forced variants: a sweep of experimental bundles, whose
+peers the full run measures); --label NAME names the output files act_quant-NAME.*.
 Published peer (other hardware): vLLM's CUDA per-token-group FP8 quant, group 128,
 hidden 7168, 1 token on an H100: 3.8 µs (vllm PR #25427).
 """
@@ -37,6 +40,7 @@ WIDTHS = [2048, 4096, 7168, 14336]
 TOKENS = [1, 16, 128, 1024, 8192, 32768]
 GROUP = 128
 EPS = 1e-10
+PEERS = True  # --no-peers: time rose-aot only
 CHECK_ROWS = 64  # rows compared with the float64 reference (a CPU reference of all is too slow)
 FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",  # + nvfp4_quant
             "fp8_token_quant", "fp8_tensor_quant")
@@ -117,6 +121,8 @@ def _check(family, config, x, outputs, label):
 
 
 def _measure(family, shape, tokens, nbytes, impls, handle_variants):
+    if not PEERS:
+        impls = {k: v for k, v in impls.items() if k.startswith("rose_aot")}
     row = {"family": family, "shape": shape, "tokens": tokens, "bytes": nbytes, "us": {},
            "errors": {}}
     for name, fn in impls.items():
@@ -254,9 +260,9 @@ def bench_token_tensor(bundle, tokens_list, widths, rows, per_tensor):
             want_s = torch.empty(s.shape if per_tensor else (rows_checked, 1), device="cuda")
             get_family(family).reference(config, x[:rows_checked], want_q, want_s)
             want_q, want_s = want_q.cpu(), want_s.cpu()
-            # per-tensor: the single-block variant forced too where one block is not absurd
-            single = per_tensor and t * h <= 1 << 20
-            for variant in (None, "decode", "prefill", *(("single",) if single else ())):
+            # per-tensor: the one-block variants forced too where one block is not absurd
+            singles = ("single", "single_small") if per_tensor and t * h <= 1 << 20 else ()
+            for variant in (None, "decode", "prefill", *singles):
                 q.view(torch.uint8).fill_(0x7F)
                 s.fill_(float("nan"))
                 ours(x, q, s, variant=variant)
@@ -271,8 +277,8 @@ def bench_token_tensor(bundle, tokens_list, widths, rows, per_tensor):
                 "torch_eager": lambda: peer(x, q, s),
                 "torch_compile": lambda: compiled(x, q, s),
             }
-            if single:
-                impls["rose_aot_single"] = lambda: ours(x, q, s, variant="single")
+            for name in singles:
+                impls[f"rose_aot_{name}"] = lambda name=name: ours(x, q, s, variant=name)
             # Bytes: x read once, q written, scales written (per-tensor: the prefill plan
             # reads x twice, but the goal counts the minimum traffic).
             nbytes = x.numel() * 2 + q.numel() + s.numel() * 4
@@ -338,6 +344,15 @@ def bench_block_scaled(bundle, tokens_list, widths, rows):
 
 
 # ----------------------------------------------------------------------------- output
+def _families(text: str) -> str:
+    """--family: `all`, or family names joined by commas (argparse's error otherwise)."""
+    names = text.split(",")
+    if text != "all" and (not all(names) or set(names) - set(FAMILIES)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use all, or some of {', '.join(FAMILIES)} joined by commas")
+    return text
+
+
 def report(rows, copy_tbs, env, out, name):
     lines = [
         f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, {env['date']}; "
@@ -353,8 +368,10 @@ def report(rows, copy_tbs, env, out, name):
         ours = r["us"]["rose_aot"]
         tbs = r["bytes"] / (ours * 1e-6) / 1e12
         forced = f"{r['us']['rose_aot_decode']:.2f} / {r['us']['rose_aot_prefill']:.2f}"
-        if "rose_aot_single" in r["us"]:
-            forced += f" (single {r['us']['rose_aot_single']:.2f})"
+        singles = [f"{k[len('rose_aot_'):]} {v:.2f}" for k, v in r["us"].items()
+                   if k.startswith("rose_aot_single")]
+        if singles:
+            forced += f" ({', '.join(singles)})"
         peers = ", ".join(
             f"{k} {v:.2f} ({v / ours:.2f}x)" for k, v in r["us"].items()
             if not k.startswith("rose_aot")
@@ -377,13 +394,21 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
-    parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
+    parser.add_argument("--family", type=_families, default="all",
+                        help=f"one of {', '.join(FAMILIES)}, several joined by commas, or all")
     parser.add_argument("--tokens", type=int_list, default=TOKENS)
     parser.add_argument("--widths", type=int_list, default=WIDTHS)
+    parser.add_argument("--no-peers", action="store_true",
+                        help="time rose-aot only (its plan and each variant forced)")
+    parser.add_argument("--label", help="name of the output files (default: the --family value)")
     args = parser.parse_args()
     tokens, widths = args.tokens, args.widths
+    families = FAMILIES if args.family == "all" else args.family.split(",")
+    name = args.label or args.family
     if not torch.cuda.is_available():
         sys.exit("bench_act_quant.py needs a CUDA GPU")
+    global PEERS
+    PEERS = not args.no_peers
 
     torch.manual_seed(0)
     out = out_dir(os.path.join(HERE, "results"))
@@ -393,21 +418,21 @@ def main() -> None:
     bundle = open_bundle(args.bundle)
     bundle.preload()
     rows = []
-    if args.family in ("act_and_mul", "all"):
+    if "act_and_mul" in families:
         bench_act_and_mul(bundle, tokens, widths, rows)
-    if args.family in ("fp8_group_quant", "all"):
+    if "fp8_group_quant" in families:
         bench_quant(bundle, tokens, widths, rows, fused=False)
-    if args.family in ("act_and_mul_fp8_quant", "all"):
+    if "act_and_mul_fp8_quant" in families:
         bench_quant(bundle, tokens, widths, rows, fused=True)
-    if args.family in ("block_scaled_quant", "all"):
+    if "block_scaled_quant" in families:
         bench_block_scaled(bundle, tokens, widths, rows)
-    if args.family in ("fp8_token_quant", "all"):
+    if "fp8_token_quant" in families:
         bench_token_tensor(bundle, tokens, widths, rows, per_tensor=False)
-    if args.family in ("fp8_tensor_quant", "all"):
+    if "fp8_tensor_quant" in families:
         bench_token_tensor(bundle, tokens, widths, rows, per_tensor=True)
-    with open(os.path.join(out, f"act_quant-{args.family}.json"), "w") as f:
+    with open(os.path.join(out, f"act_quant-{name}.json"), "w") as f:
         json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows}, f, indent=1)
-    report(rows, copy_tbs, env, out, args.family)
+    report(rows, copy_tbs, env, out, name)
     plot_families(rows, out)
 
 

@@ -244,3 +244,13 @@ def test_merge_probe_refuses_in_one_line(args, message):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "merge_probe.py"),
                           *args], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_bench_act_quant_family_option_takes_all_or_names_joined_by_commas():
+    bench = _load_benchmark("bench_act_quant")
+    assert bench._families("all") == "all"
+    assert bench._families("fp8_group_quant,act_and_mul").split(",") == [
+        "fp8_group_quant", "act_and_mul"]
+    for bad in ("", "fp8_group", "act_and_mul,", "all,act_and_mul", "act_and_mul,,fp8_group_quant"):
+        with pytest.raises(argparse.ArgumentTypeError, match="joined by commas"):
+            bench._families(bad)

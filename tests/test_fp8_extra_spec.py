@@ -141,23 +141,31 @@ def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidd
     assert d.cooperative and not vs["prefill_absmax"].cooperative
     assert not vs["prefill_quant"].cooperative
     units_per_token = hidden // d.constants["vec"]
+    small_capacity = vs["single_small"].threads * d.constants["single_max_vecs"]
     single_capacity = vs["single"].threads * d.constants["single_max_vecs"]
+    small_edge = small_capacity // units_per_token
     single_edge = single_capacity // units_per_token
     for sm in (1, 16, 132, 148, 1024):
         capacity = sm * d.threads * d.constants["decode_max_vecs"]
         edge = capacity // units_per_token
         for tokens in sorted({1, 7, 128, 4096, 20011, 1 << 20, max(1, edge), edge + 1,
+                              max(1, small_edge), small_edge + 1,
                               max(1, single_edge), single_edge + 1}):
-            for force in (None, "single", "decode", "prefill"):
+            for force in (None, "single_small", "single", "decode", "prefill"):
                 launches = fam.plan(c, vs, {"tokens": tokens}, sm, force)
                 units = tokens * units_per_token
-                single = units <= single_capacity if force is None else force == "single"
+                # the smallest one-block variant that holds the tensor, or the forced one
+                if force is None:
+                    single = ("single_small" if units <= small_capacity else
+                              "single" if units <= single_capacity else None)
+                else:
+                    single = force if force.startswith("single") else None
                 # measured slower than the two prefill kernels everywhere: forced only
                 decode = force == "decode"
                 if single:
                     # the whole tensor in one (non-cooperative) block, whatever the SM count
-                    assert [(l.variant, l.grid) for l in launches] == [("single", (1, 1, 1))]
-                    assert not vs["single"].cooperative
+                    assert [(l.variant, l.grid) for l in launches] == [(single, (1, 1, 1))]
+                    assert not vs[single].cooperative
                 elif decode:
                     (launch,) = launches
                     assert launch.variant == "decode"
@@ -170,10 +178,11 @@ def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidd
                     for launch in launches:
                         assert 1 <= launch.grid[0] <= sm * d.constants["prefill_blocks_per_sm"]
                         assert launch.grid[0] <= -(-units // d.threads)
-    # up to 2 vectors per thread of the 1024-thread block (16384 elements at 8 per vector):
-    # one block; the two prefill kernels above that
-    assert single_capacity == 2048
-    one = "single" if units_per_token <= single_capacity else "prefill_absmax"
+    # up to 2 vectors per thread of the 256-thread block (4096 elements at 8 per vector), then
+    # of the 1024-thread block (16384): one block; the two prefill kernels above that
+    assert (small_capacity, single_capacity) == (512, 2048)
+    one = ("single_small" if units_per_token <= small_capacity else
+           "single" if units_per_token <= single_capacity else "prefill_absmax")
     assert fam.plan(c, vs, {"tokens": 1}, 132)[0].variant == one
     assert [l.variant for l in fam.plan(c, vs, {"tokens": 64}, 132)] == ["prefill_absmax", "prefill_quant"]
     with pytest.raises(ConfigError):
@@ -334,7 +343,8 @@ def test_compiles_with_expected_ptx(family, values, arch):
         if quantizes:  # device_utils.quotient: a reciprocal per scale, fma per element
             assert "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
             divisions = ptx.count("div.rn.f32") + ptx.count("rcp.rn.f32")
-            paths = 2 if name == "single" else 1  # single: the in-register path and the loop
+            # single: the in-register path and the loop
+            paths = 2 if name in ("single", "single_small") else 1
             assert divisions <= 2 * paths, f"{name}: {divisions} divisions, one per element?"
             # no word packed from one 16-bit register twice (ptxas mis-packed such a word of e4m3
             # codes: tests/test_dispatch_fp8_spec.py)
@@ -343,7 +353,7 @@ def test_compiles_with_expected_ptx(family, values, arch):
             assert ("griddepcontrol.wait" in ptx) == (name == "decode") == (v.pdl > 0)
             assert ptx.count("shfl.sync.bfly.b32") == 5  # one warp butterfly per row
             assert "bar.sync" in ptx and "atom." not in ptx
-        elif name == "single":
+        elif name in ("single", "single_small"):
             # one block, the scale in registers: no atomics, no grid barrier, one block
             # barrier; programmatic dependent launch like the other one-wave decode kernels
             assert "atom." not in ptx and "bar.sync" in ptx

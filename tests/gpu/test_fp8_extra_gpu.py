@@ -73,8 +73,9 @@ def test_per_tensor_repeated_launches_reuse_the_workspace(bundle):
         handle = bundle.kernel(family_name, **values)
         for step, (tokens, variant) in enumerate([(300, "decode"), (300, "prefill"),
                                                   (5, "decode"), (1, "single"),
-                                                  (5000, "prefill"), (2, "decode"),
-                                                  (3, "single"), (1, "prefill")]):
+                                                  (5000, "prefill"), (2, "single_small"),
+                                                  (2, "decode"), (3, "single"),
+                                                  (1, "single_small"), (1, "prefill")]):
             args, want, views = make_case(family_name, c, tokens, seed=77 + step)
             args[0].mul_(0.5 ** step)
             family.reference(c, args[0].cpu().contiguous(), want["q"], want["scales"])

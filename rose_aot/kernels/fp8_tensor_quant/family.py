@@ -17,6 +17,12 @@ The absmax must be complete before any element is quantized (the seed's rule):
   barrier, no workspace; programmatic dependent launch. Measured need: the cooperative decode
   launch took 5.0-5.7 µs at one token on the H200, the chain of global atomics and the grid
   barrier dominating, against 1.6 µs for torch.compile.
+- single_small: the same kernel in a SINGLE_SMALL_THREADS-thread block, for tensors of at most
+  SINGLE_MAX_VECS vectors per thread of it (4096 elements: one token up to hidden 4096). One
+  token of 2048 took 0.93 µs in a 256-thread block, 1.07 in 512 and 1.57 in 1024 (one of 4096:
+  0.99, 1.08, 1.62; H200, 2026-11-30, every block size built and timed in one device call,
+  `bench_act_quant.py --family fp8_tensor_quant --no-peers`): a block sized to the tensor
+  reduces over 8 warps instead of 32, and most of a 1024-thread block had nothing to load.
 - decode (only when forced; see the measurements below) (the tensor fits one wave, <= DECODE_MAX_VECS vectors per thread of one block per
   SM): ONE cooperative launch, grid <= the SM count. Every block reduces its vectors, adds its
   max to a workspace word with an integer atomic max on the float bits (the absmax is >= 0,
@@ -38,7 +44,8 @@ int32 [4]: [0] grid barrier word (phase bit + arrivals, device_utils.grid_barrie
 bits, [2] blocks counted in, [3] padding. One point's launches on one stream never overlap,
 so the words are never shared by two launches in flight.
 
-The plan: single up to SINGLE_MAX_VECS, the two prefill kernels above. SINGLE_MAX_VECS from
+The plan: single_small, then single, up to SINGLE_MAX_VECS per thread of their block, the two
+prefill kernels above. SINGLE_MAX_VECS from
 the same measurements: forced single took 2.90 µs for one token of 14336 (1.75 vectors per
 thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 4.57). Measured on the H200
 (benchmarks/results/act_quant-fp8_tensor_quant-h200.md, every variant forced in one run): the
@@ -59,12 +66,13 @@ from ..fp8_token_quant.family import row_args, row_vec, validate_rows
 from ..spec import PDL_MAX_THREADS, Launch, TensorArg, Variant
 
 __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
-           "SINGLE_THREADS", "SINGLE_MAX_VECS", "DECODE_MAX_VECS", "PREFILL_BLOCKS_PER_SM",
+           "SINGLE_THREADS", "SINGLE_SMALL_THREADS", "SINGLE_MAX_VECS", "DECODE_MAX_VECS", "PREFILL_BLOCKS_PER_SM",
            "GRID_STRIDE_UNROLL"]
 
 MAX_HIDDEN = 65536
 BLOCK_THREADS = 512
 SINGLE_THREADS = 1024  # the single-block variant's block
+SINGLE_SMALL_THREADS = 256  # single_small's block (measured: see above)
 SINGLE_MAX_VECS = 2  # vectors per thread up to which one block quantizes the whole tensor
 DECODE_MAX_VECS = 4  # vectors per thread up to which one cooperative wave is used
 PREFILL_BLOCKS_PER_SM = 4  # grid cap of the grid-stride prefill kernels
@@ -84,7 +92,7 @@ class Fp8TensorQuantConfig:
 class Fp8TensorQuant(KernelFamily):
     name = "fp8_tensor_quant"
     Config = Fp8TensorQuantConfig
-    plan_choices = ("single", "decode", "prefill")
+    plan_choices = ("single_small", "single", "decode", "prefill")
     device_module = "rose_aot.kernels.fp8_tensor_quant.device"
     shape_fields = ("hidden",)
 
@@ -105,13 +113,15 @@ class Fp8TensorQuant(KernelFamily):
         params = tuple(a.name for a in self.kernel_args(c, arch))
         block = (BLOCK_THREADS, 1, 1)
         smem = 4 * BLOCK_THREADS // 32  # one fp32 per warp for the block max (no max: none)
-        single = (SINGLE_THREADS, 1, 1)
         common = {"vec": self._vec(c, arch), "single_max_vecs": SINGLE_MAX_VECS,
                   "decode_max_vecs": DECODE_MAX_VECS,
                   "prefill_blocks_per_sm": PREFILL_BLOCKS_PER_SM, "unroll": GRID_STRIDE_UNROLL}
+        single = {**common, "phase": "single", "unroll": SINGLE_MAX_VECS}
         return (
-            Variant("single", single, 4 * SINGLE_THREADS // 32, params,
-                    {**common, "phase": "single", "unroll": SINGLE_MAX_VECS}, pdl=PDL_MAX_THREADS),
+            Variant("single_small", (SINGLE_SMALL_THREADS, 1, 1), 4 * SINGLE_SMALL_THREADS // 32,
+                    params, single, pdl=PDL_MAX_THREADS),
+            Variant("single", (SINGLE_THREADS, 1, 1), 4 * SINGLE_THREADS // 32, params, single,
+                    pdl=PDL_MAX_THREADS),
             Variant("decode", block, smem, params, {**common, "phase": "decode"},
                     cooperative=True),
             Variant("prefill_absmax", block, smem, params, {**common, "phase": "absmax"}),
@@ -127,9 +137,10 @@ class Fp8TensorQuant(KernelFamily):
         k = decode_v.constants
         units = tokens * (c.hidden // k["vec"])  # vectors of the tensor
         threads = decode_v.threads
-        if force == "single" or (force is None and
-                                 units <= variants["single"].threads * k["single_max_vecs"]):
-            return (Launch("single", (1, 1, 1)),)
+        for single in ("single_small", "single"):  # the smallest block that holds the tensor
+            if force == single or (force is None and
+                                   units <= variants[single].threads * k["single_max_vecs"]):
+                return (Launch(single, (1, 1, 1)),)
         blocks = -(-units // threads)
         if force == "decode":
             # Cooperative: every block resident, so at most one block per SM.
