@@ -95,6 +95,28 @@ def test_act_and_mul_args_and_variants(arch):
     assert decode.constants["col_blocks"] > 1  # one token spread over several SMs
 
 
+def test_fp8_group_quant_prefills_narrow_rows_in_one_row_blocks_of_two_vectors_per_thread():
+    """Rows of at most 256 vectors (hidden 2048 in bf16 on Hopper) take the measured narrow
+    prefill shape (act_and_mul/tuning.py): 128 threads, 2 vectors each, one row per block;
+    wider rows and the fused family keep 4 vectors per thread in blocks of up to 256."""
+    a = get_arch("sm_90a")
+    shapes = {}
+    for family, field in (("fp8_group_quant", "hidden"), ("act_and_mul_fp8_quant", "d")):
+        for width in (1024, 2048, 2112, 4096, 7168):
+            fam, c = _point(family, **{field: width, "group": 64 if width == 2112 else 128})
+            prefill = {v.name: v for v in fam.variants(c, a)}["prefill"]
+            k = prefill.constants
+            shapes[family, width] = (prefill.block[0], k["vecs_per_thread"], k["rows_per_block"])
+    assert shapes["fp8_group_quant", 2048] == (128, 2, 1)
+    assert shapes["fp8_group_quant", 1024] == (128, 2, 2)  # 64-thread rows, two per block
+    wide = chunk_split(264, 256, 4)  # 264 vectors: not narrow, the usual prefill split
+    assert shapes["fp8_group_quant", 2112] == (wide.threads, wide.vecs_per_thread,
+                                               wide.rows_per_block) != (128, 2, 1)
+    assert shapes["fp8_group_quant", 4096] == (256, 4, 2)
+    assert shapes["fp8_group_quant", 7168] == (224, 4, 1)
+    assert shapes["act_and_mul_fp8_quant", 2048] == (256, 4, 4)
+
+
 def test_act_and_mul_narrows_the_access_when_the_row_does_not_allow_256_bits():
     fam, c = _point("act_and_mul", d=2056)  # 2056 * 2 bytes is a multiple of 16, not of 32
     assert fam.variants(c, get_arch("sm_100a"))[0].constants["vec"] == 8

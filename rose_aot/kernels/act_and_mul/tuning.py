@@ -36,17 +36,32 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   Its prefill shape keeps 4 vectors per thread (56 registers, 55% occupancy): 2 vectors (32
   registers, full occupancy, 22.5 instead of 21.3 instructions per element) measured 1-6%
   slower from 8192 tokens (7168 x 32768: 243.8 vs 229.1 µs; same H200 session).
+
+fp8_group_quant's prefill shape for narrow rows (at most NARROW_ROW_VECTORS vectors: hidden 2048
+in bf16): NARROW_PREFILL_THREADS-thread blocks of one row, NARROW_PREFILL_MAX_VECS vectors per
+thread, instead of four 64-thread rows of 4 vectors in a 256-thread block. Hidden 2048 at 8192
+tokens: row-major 13.16 vs 13.58 µs (92% vs 89% of the copy bandwidth), column-major 13.86 vs
+14.17; at 32768 tokens 49.61 vs 49.20 and 52.06 vs 50.84 (both still >= 90%); hidden 4096 no
+better (26.45 vs 26.13 at 8192). Against 2 vectors in 128-thread half rows (13.66), 8 vectors
+in 32-thread rows (16.78) and 4 vectors in 512-thread blocks (15.12). H200, 2026-11-30, each
+shape built into its own bundle and timed in one device call (`bench_act_quant.py --family
+fp8_group_quant --widths 2048,4096 --tokens 128,8192,32768 --no-peers`).
 """
 
 from __future__ import annotations
 
 __all__ = ["DECODE_THREADS", "DECODE_MAX_VECS", "PREFILL_THREADS", "PREFILL_MAX_VECS",
-           "DECODE_WARPS_PER_SM", "FP8_GROUP_DECODE_WARPS_PER_SM", "MX_DECODE_WARPS_PER_SM"]
+           "DECODE_WARPS_PER_SM", "FP8_GROUP_DECODE_WARPS_PER_SM", "MX_DECODE_WARPS_PER_SM",
+           "NARROW_ROW_VECTORS", "NARROW_PREFILL_THREADS", "NARROW_PREFILL_MAX_VECS"]
 
 DECODE_THREADS = 128
 DECODE_MAX_VECS = 1
 PREFILL_THREADS = 256
 PREFILL_MAX_VECS = 4
+# fp8_group_quant's prefill shape for rows of at most NARROW_ROW_VECTORS vectors (see above)
+NARROW_ROW_VECTORS = 256
+NARROW_PREFILL_THREADS = 128
+NARROW_PREFILL_MAX_VECS = 2
 # decode while tokens * vectors_per_row <= 32 * DECODE_WARPS_PER_SM * sm_count
 DECODE_WARPS_PER_SM = 16
 # fp8_group_quant and the block-scaled formats (measured: see above)

@@ -43,6 +43,9 @@ from ..act_and_mul.tuning import (
     DECODE_MAX_VECS,
     DECODE_THREADS,
     FP8_GROUP_DECODE_WARPS_PER_SM,
+    NARROW_PREFILL_MAX_VECS,
+    NARROW_PREFILL_THREADS,
+    NARROW_ROW_VECTORS,
     PREFILL_MAX_VECS,
     PREFILL_THREADS,
 )
@@ -103,12 +106,18 @@ def quant_args(c, arch: Arch, width: int, x_width: int) -> tuple[TensorArg, ...]
     )
 
 
-def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...]) -> tuple[Variant, ...]:
+def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...], *,
+                   narrow_prefill: bool = False) -> tuple[Variant, ...]:
+    """decode and prefill; with `narrow_prefill`, a row of at most NARROW_ROW_VECTORS vectors
+    takes the narrow prefill shape (fp8_group_quant: measured, act_and_mul/tuning.py)."""
     vec = vector_width(c.dtype, access_bytes(arch, width * DTYPES[c.dtype].bits // 8))
+    prefill = (PREFILL_THREADS, PREFILL_MAX_VECS)
+    if narrow_prefill and width // vec <= NARROW_ROW_VECTORS:
+        prefill = (NARROW_PREFILL_THREADS, NARROW_PREFILL_MAX_VECS)
     out = []
     for name, threads, vecs in (
         ("decode", DECODE_THREADS, DECODE_MAX_VECS),
-        ("prefill", PREFILL_THREADS, PREFILL_MAX_VECS),
+        ("prefill", *prefill),
     ):
         split = chunk_split(width // vec, threads, vecs)
         constants = {**split.constants(), "vec": vec, "group_lanes": c.group // vec}
@@ -130,7 +139,8 @@ class Fp8GroupQuant(KernelFamily):
         return quant_args(c, arch, c.hidden, c.hidden)
 
     def variants(self, c: Fp8GroupQuantConfig, arch: Arch) -> tuple[Variant, ...]:
-        return quant_variants(c, arch, c.hidden, tuple(a.name for a in self.args(c, arch)))
+        return quant_variants(c, arch, c.hidden, tuple(a.name for a in self.args(c, arch)),
+                              narrow_prefill=True)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
