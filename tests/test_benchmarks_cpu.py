@@ -246,7 +246,11 @@ def test_merge_probe_refuses_in_one_line(args, message):
     assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
 
 
-def test_bench_act_quant_family_option_takes_all_or_names_joined_by_commas():
+def test_bench_act_quant_family_option_takes_all_or_names_joined_by_commas(monkeypatch):
+    # The script puts benchmarks/ first on sys.path and imports `common`: both are undone after
+    # the test, so tests/multigpu's own `common` module is not shadowed for later tests.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "common", common)
     bench = _load_benchmark("bench_act_quant")
     assert bench._families("all") == "all"
     assert bench._families("fp8_group_quant,act_and_mul").split(",") == [
