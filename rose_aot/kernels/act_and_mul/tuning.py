@@ -42,10 +42,13 @@ in bf16): NARROW_PREFILL_THREADS-thread blocks of one row, NARROW_PREFILL_MAX_VE
 thread, instead of four 64-thread rows of 4 vectors in a 256-thread block. Hidden 2048 at 8192
 tokens: row-major 13.16 vs 13.58 µs (92% vs 89% of the copy bandwidth), column-major 13.86 vs
 14.17; at 32768 tokens 49.61 vs 49.20 and 52.06 vs 50.84 (both still >= 90%); hidden 4096 no
-better (26.45 vs 26.13 at 8192). Against 2 vectors in 128-thread half rows (13.66), 8 vectors
-in 32-thread rows (16.78) and 4 vectors in 512-thread blocks (15.12). H200, 2026-11-30, each
-shape built into its own bundle and timed in one device call (`bench_act_quant.py --family
-fp8_group_quant --widths 2048,4096 --tokens 128,8192,32768 --no-peers`).
+better (26.45 vs 26.13 at 8192). The other shapes tried at 2048 x 8192 (row-major): two 64-thread
+rows of 4 vectors per block 13.45, two 128-thread rows of 2 vectors 13.66, eight 64-thread rows
+of 4 vectors 15.12, eight 32-thread rows of 8 vectors 16.78. H200, 2026-11-30, each shape built
+into its own bundle and timed in one device call (`bench_act_quant.py --family fp8_group_quant
+--widths 2048,4096 --tokens 128,8192,32768 --no-peers`; benchmarks/results/
+act_quant-shape-sweep-2048-h200.md). With it shipped: 13.06 and 13.92 µs (91% and 86%) in the
+suite's run (act_quant-fp8_group_quant-h200.md).
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ The absmax must be complete before any element is quantized (the seed's rule):
 - single_small: the same kernel in a SINGLE_SMALL_THREADS-thread block, for tensors of at most
   SINGLE_MAX_VECS vectors per thread of it (4096 elements: one token up to hidden 4096). One
   token of 2048 took 0.93 µs in a 256-thread block, 1.07 in 512 and 1.57 in 1024 (one of 4096:
-  0.99, 1.08, 1.62; H200, 2026-11-30, every block size built and timed in one device call,
-  `bench_act_quant.py --family fp8_tensor_quant --no-peers`): a block sized to the tensor
-  reduces over 8 warps instead of 32, and most of a 1024-thread block had nothing to load.
+  0.99, 1.10, 1.63; H200, 2026-11-30, each block size built into its own bundle and forced in
+  one device call, `bench_act_quant.py --family fp8_tensor_quant --no-peers`,
+  benchmarks/results/act_quant-shape-sweep-2048-h200.md): a block sized to the tensor reduces
+  over 8 warps instead of 32, and most of a 1024-thread block had nothing to load.
 - decode (only when forced; see the measurements below) (the tensor fits one wave, <= DECODE_MAX_VECS vectors per thread of one block per
   SM): ONE cooperative launch, grid <= the SM count. Every block reduces its vectors, adds its
   max to a workspace word with an integer atomic max on the float bits (the absmax is >= 0,
