@@ -14,10 +14,16 @@ the processes so that a drift of the machine touches each alike:
                   context-independent libraries (cuLibraryLoadData, cuLibraryGetKernel,
                   cuKernelGetFunction: driver_ms), the loader's calls before 2026-11-30
   module          the same with the loader's calls now: cuModuleLoadData, cuModuleGetFunction
+  breakdown       open_bundle and preload(0, threads=1) with a timer around each phase (reading
+                  the file, decoding the index JSON, the blob table and frame headers, checking
+                  the points' records and plans, decompressing + hashing artifacts, checking
+                  cubins against their records, cuModuleLoadData, cuModuleGetFunction): where
+                  the time of open + preload goes. The timers add a few µs per call.
 
 Medians per way, with open_bundle's time in every process and the first
-torch.cuda.get_device_capability (what preload asks to pick the arch). A measurement tool:
-`library` and `module` use the loader's internals and keep nothing.
+torch.cuda.get_device_capability (what preload asks to pick the arch); for breakdown, the
+median of each phase too. A measurement tool: `library`, `module` and `breakdown` use the
+loader's internals and keep nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +35,19 @@ import statistics
 import subprocess
 import sys
 
-WAYS = ("preload", "preload_serial", "library", "module")
+WAYS = ("preload", "preload_serial", "library", "module", "breakdown")
+# breakdown's phases: (name, module, attribute) of the function timed, in the order they run
+PHASES = (
+    ("read", "rose_aot.bundle.format", "_read_file"),
+    ("index_json", "rose_aot.bundle.format", "_decode_index"),
+    ("blob_table", "rose_aot.bundle.format", "_check_blob_table"),
+    ("frame_headers", "rose_aot.bundle.format", "_check_frame_header"),
+    ("records_and_plans", "rose_aot.loader.runtime", "KernelBundle._check_point"),
+    ("decompress_sha256", "rose_aot.bundle.format", "BundleReader._decompress"),
+    ("cubin_check", "rose_aot.kernels.record", "VariantRecord.check_cubin"),
+    ("cuModuleLoadData", "rose_aot.loader.driver", "load_module"),
+    ("cuModuleGetFunction", "rose_aot.loader.driver", "module_function"),
+)
 
 _PROBE = r"""
 import json, sys, time
@@ -39,10 +57,29 @@ tc = time.perf_counter()
 torch.cuda.get_device_capability(0)
 capability_ms = (time.perf_counter() - tc) * 1e3
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+import importlib
 import rose_aot
 from rose_aot.loader import driver
 cu = driver.driver()
-path, way = sys.argv[1], sys.argv[2]
+path, way, phases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+spent = {}
+
+def timed(name, function):
+    def run(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + (time.perf_counter() - start) * 1e3
+    return run
+
+if way == "breakdown":
+    for name, module, attribute in phases:
+        owner = importlib.import_module(module)
+        *path_to, leaf = attribute.split(".")
+        for part in path_to:
+            owner = getattr(owner, part)
+        setattr(owner, leaf, timed(name, getattr(owner, leaf)))
 t0 = time.perf_counter()
 bundle = rose_aot.open_bundle(path)
 t1 = time.perf_counter()
@@ -58,7 +95,7 @@ keep = []
 t2 = time.perf_counter()
 if way == "preload":
     bundle.preload(0)
-elif way == "preload_serial":
+elif way in ("preload_serial", "breakdown"):
     bundle.preload(0, threads=1)
 elif way in ("library", "module"):
     images = [bundle.verified_image(*t) for t in tasks]
@@ -81,6 +118,8 @@ else:
 torch.cuda.synchronize()
 out["load_ms"] = (time.perf_counter() - t2) * 1e3
 out["variants"] = len(tasks)
+if way == "breakdown":
+    out["phases"] = {name: spent.get(name, 0.0) for name, _, _ in phases}
 assert "cutlass" not in sys.modules
 print(json.dumps(out))
 """
@@ -104,11 +143,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     for _ in range(args.repeats):
         for way in ways:
-            env = dict(os.environ)
-            if way == "eager":
-                env["CUDA_MODULE_LOADING"] = "EAGER"
-            done = subprocess.run([sys.executable, "-c", _PROBE, args.bundle, way],
-                                  capture_output=True, text=True, env=env)
+            done = subprocess.run([sys.executable, "-c", _PROBE, args.bundle, way,
+                                   json.dumps(PHASES)], capture_output=True, text=True)
             if done.returncode:
                 last = (done.stderr.strip().splitlines() or ["?"])[-1]
                 sys.exit(f"preload_probe.py: way {way} failed: {last}")
@@ -119,6 +155,9 @@ def main() -> None:
         for field in ("open_ms", "load_ms", "verify_ms", "driver_ms", "capability_ms"):
             if field in rs[0]:
                 row[field] = round(statistics.median(r[field] for r in rs), 2)
+        if "phases" in rs[0]:
+            row["phases"] = {name: round(statistics.median(r["phases"][name] for r in rs), 2)
+                             for name, _, _ in PHASES}
         rows.append(row)
     if args.out:
         with open(args.out, "w") as f:
@@ -132,6 +171,13 @@ def main() -> None:
     for r in rows:
         print(f"| {r['way']} | {r['variants']} | {r['open_ms']:.2f} | {r['load_ms']:.2f} | "
               f"{r.get('verify_ms', '')} | {r.get('driver_ms', '')} | {r['capability_ms']:.3f} |")
+    for r in rows:
+        if "phases" in r:
+            print(f"\nbreakdown: open + preload(0, threads=1) = {r['open_ms'] + r['load_ms']:.2f} "
+                  f"ms, medians per phase (ms):")
+            print("| " + " | ".join(r["phases"]) + " |")
+            print("|" + "---|" * len(r["phases"]))
+            print("| " + " | ".join(f"{v:.2f}" for v in r["phases"].values()) + " |")
 
 
 if __name__ == "__main__":

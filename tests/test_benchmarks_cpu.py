@@ -258,3 +258,19 @@ def test_bench_act_quant_family_option_takes_all_or_names_joined_by_commas(monke
     for bad in ("", "fp8_group", "act_and_mul,", "all,act_and_mul", "act_and_mul,,fp8_group_quant"):
         with pytest.raises(argparse.ArgumentTypeError, match="joined by commas"):
             bench._families(bad)
+
+
+def test_preload_probe_breakdown_times_functions_the_loader_has():
+    """Each phase of preload_probe.py's breakdown names a function of rose_aot that open and
+    preload call (a rename would otherwise surface only in a device call)."""
+    import importlib
+
+    probe = _load_benchmark("preload_probe")
+    assert "breakdown" in probe.WAYS
+    names = [name for name, _, _ in probe.PHASES]
+    assert len(set(names)) == len(names)
+    for name, module, attribute in probe.PHASES:
+        owner = importlib.import_module(module)
+        for part in attribute.split("."):
+            owner = getattr(owner, part)
+        assert callable(owner), name
