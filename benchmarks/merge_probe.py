@@ -2,6 +2,7 @@
 
     pip install nvidia-cuda-nvcc-cu12==12.9.86    # ptxas of the DSL's own release (12.9)
     python benchmarks/merge_probe.py build/models/*.rosebundle [--arch sm_90a] [--json]
+        [--write DIR]
 
 Every variant is a cubin of its own today, so a model's warmup loads one module per variant
 (DeepSeek-V3: 45). For each point of each bundle, this compiles with ptxas, on the CPU:
@@ -12,7 +13,9 @@ and compares the SASS of each entry (nvdisasm) with the bundle's own cubin. Labe
 internal subroutine numbers and the renamed entry's name are normalized away (a module numbers
 them per module); anything else that differs counts. --ptxas PATH, else the
 nvidia-cuda-nvcc-cu12 wheel's, else ptxas on PATH; a release other than the DSL's shows as
-"alone" not identical. Reports the bytes too. Touches no bundle.
+"alone" not identical. Reports the bytes too. Touches no bundle. --write DIR keeps, per
+bundle, its cubins and the one-module cubin in DIR/<bundle name>/ with load.json (each file's
+entries) for benchmarks/merged_load_probe.py, which times loading both on the GPU.
 """
 
 from __future__ import annotations
@@ -105,8 +108,10 @@ def merged(modules: list[str]) -> str:
     return modules[0][: head.end()] + "".join(m[_HEADER_END.search(m).end():] for m in modules)
 
 
-def probe(path: str, arch: str, ptxas: str, nvdisasm: str, work: Path) -> dict:
+def probe(path: str, arch: str, ptxas: str, nvdisasm: str, work: Path,
+          write: Path | None = None) -> dict:
     reader = BundleReader.open(path)
+    cubins: list[tuple[bytes, list[str]]] = []  # each variant's cubin and entries, in order
     points = [p for p in reader.index["points"] if p["arch"] == arch]
     want: dict[str, list[str]] = {}  # renamed entry -> the bundle cubin's SASS
     renamed_ptx: list[list[str]] = []
@@ -115,7 +120,9 @@ def probe(path: str, arch: str, ptxas: str, nvdisasm: str, work: Path) -> dict:
         alone_same, texts = True, []
         for j, variant in enumerate(point["variants"]):
             ptx = reader.blob(variant["ptx"]).decode()
-            own = sass(nvdisasm, reader.blob(variant["cubin"]), work)
+            cubin = reader.blob(variant["cubin"])
+            cubins.append((cubin, variant["entries"]))
+            own = sass(nvdisasm, cubin, work)
             again = sass(nvdisasm, compile_ptx(ptxas, arch, ptx, work), work)
             alone_same &= all(own[e] == again.get(e) for e in variant["entries"])
             for e in variant["entries"]:
@@ -136,6 +143,8 @@ def probe(path: str, arch: str, ptxas: str, nvdisasm: str, work: Path) -> dict:
         })
     whole = compile_ptx(ptxas, arch, merged([t for texts in renamed_ptx for t in texts]), work)
     got = sass(nvdisasm, whole, work)
+    if write is not None:
+        keep(write / Path(path).name.split(".")[0], cubins, whole, list(want))
     return {
         "bundle": path,
         "arch": arch,
@@ -146,12 +155,28 @@ def probe(path: str, arch: str, ptxas: str, nvdisasm: str, work: Path) -> dict:
     }
 
 
+def keep(folder: Path, cubins: list[tuple[bytes, list[str]]], whole: bytes,
+         entries: list[str]) -> None:
+    """--write: the bundle's cubins, its one-module cubin and load.json naming their entries."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, (cubin, names) in enumerate(cubins):
+        (folder / f"variant-{i:03d}.cubin").write_bytes(cubin)
+        files.append([f"variant-{i:03d}.cubin", names])
+    (folder / "merged.cubin").write_bytes(whole)
+    (folder / "load.json").write_text(json.dumps(
+        {"variants": files, "merged": ["merged.cubin", entries]}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundles", nargs="+")
     parser.add_argument("--arch", default="sm_90a")
     parser.add_argument("--ptxas", help="path of ptxas (default: PATH, then the nvcc wheel)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write", type=Path, metavar="DIR",
+                        help="keep each bundle's cubins and one-module cubin here, for "
+                             "benchmarks/merged_load_probe.py")
     args = parser.parse_args()
     ptxas = find_ptxas(args.ptxas)
     if ptxas is None:
@@ -164,7 +189,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rose-aot-merge-") as tmp:
         for path in args.bundles:
             try:
-                results.append(probe(path, args.arch, ptxas, nvdisasm, Path(tmp)))
+                results.append(probe(path, args.arch, ptxas, nvdisasm, Path(tmp), args.write))
             except RoseAotError as exc:  # names the bundle itself
                 sys.exit(f"merge_probe.py: {exc}")
             except (RuntimeError, OSError) as exc:

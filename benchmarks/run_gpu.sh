@@ -14,7 +14,7 @@
 #
 # STEP: tests | concurrency | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
 # act_quant:FAMILY,FAMILY |
-# overhead | pdl | warmup | preload_probe | ep | ep_bench (ep, ep_bench: two GPUs, torchrun) | ncu (Nsight
+# overhead | pdl | warmup | preload_probe | merged_load | ep | ep_bench (ep, ep_bench: two GPUs, torchrun) | ncu (Nsight
 # Compute on one point, NCU_POINT). Logs go to $OUT
 # (or benchmarks/results). GPU_TESTS narrows the tests step to some files, SANITIZER_FAMILIES
 # (space-separated) the sanitizer step to some families; ACT_QUANT_FAMILIES
@@ -25,7 +25,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 # Step names are checked before anything is installed or run (`--check STEP...` checks only).
-STEPS=" tests concurrency sanitizer norms norms_wide moe moe_sweep moe_fp8 act_quant overhead pdl warmup preload_probe ep ep_bench ncu "
+STEPS=" tests concurrency sanitizer norms norms_wide moe moe_sweep moe_fp8 act_quant overhead pdl warmup preload_probe merged_load ep ep_bench ncu "
 check_only=0
 if [ "${1:-}" = "--check" ]; then check_only=1; shift; fi
 for step in "$@"; do
@@ -91,6 +91,10 @@ for step in "$@"; do
         preload_probe)  # where DeepSeek-V3's preload time goes, per way of loading
             python3 benchmarks/preload_probe.py build/models/deepseek-v3.rosebundle \
                 --out "$OUT/preload-probe.json" 2>&1 | tee "$OUT/preload-probe.log" ;;
+        merged_load)  # the driver's part of a preload, a module per variant vs one per bundle
+            # (build/merged from `python benchmarks/merge_probe.py ... --write build/merged`)
+            python3 benchmarks/merged_load_probe.py build/merged \
+                --out "$OUT/merged-load.json" 2>&1 | tee "$OUT/merged-load.log" ;;
         ncu)  # Nsight Compute on one act_quant point: NCU_POINT="FAMILY TOKENS FIELD=VALUE..."
             # shellcheck disable=SC2086  # NCU_POINT is a list of arguments
             ncu --set full --kernel-name regex:cutlass --launch-skip 2 --launch-count 1 --csv \

@@ -274,3 +274,27 @@ def test_preload_probe_breakdown_times_functions_the_loader_has():
         for part in attribute.split("."):
             owner = getattr(owner, part)
         assert callable(owner), name
+
+
+def test_merge_probe_write_keeps_the_cubins_and_names_every_entry(tmp_path):
+    probe = _load_merge_probe()
+    probe.keep(tmp_path / "m", [(b"\x7fELF one", ["k_a"]), (b"\x7fELF two", ["k_b", "k_c"])],
+               b"\x7fELF whole", ["m0v0__k_a", "m1v0__k_b", "m1v0__k_c"])
+    load = json.loads((tmp_path / "m" / "load.json").read_text())
+    assert load == {"variants": [["variant-000.cubin", ["k_a"]],
+                                 ["variant-001.cubin", ["k_b", "k_c"]]],
+                    "merged": ["merged.cubin", ["m0v0__k_a", "m1v0__k_b", "m1v0__k_c"]]}
+    assert (tmp_path / "m" / "variant-001.cubin").read_bytes() == b"\x7fELF two"
+    assert (tmp_path / "m" / "merged.cubin").read_bytes() == b"\x7fELF whole"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no-such-folder"], "no */load.json under no-such-folder"),
+    (["benchmarks", "--repeats", "0"], "--repeats must be at least 1"),
+])
+def test_merged_load_probe_refuses_in_one_line(args, message):
+    import subprocess
+
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "merged_load_probe.py"),
+                          *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
