@@ -186,6 +186,41 @@ def test_in_order_yields_each_outcome_in_task_order(helpers):
     assert not [t for t in threading.enumerate() if t.name.startswith("rose-aot verify")]
 
 
+@pytest.mark.parametrize("helpers, lookahead", [(1, 1), (2, 3), (3, 8)])
+def test_in_order_helpers_run_at_most_lookahead_tasks_ahead_of_the_caller(helpers, lookahead):
+    """Each started task holds a result (for preload, a verified image) until the caller takes
+    it: with a slow caller, the helpers never start more than `lookahead` tasks past the
+    outcomes taken, and every outcome still arrives in order."""
+    import threading
+    import time
+
+    from rose_aot.loader.runtime import _in_order
+
+    started = []
+    taken = [0]
+    ahead = []
+    lock = threading.Lock()
+
+    def work(i):
+        with lock:
+            started.append(i)
+            ahead.append(len(started) - taken[0])
+        return i
+
+    tasks = [(i,) for i in range(40)]
+    out = []
+    for ok, result in _in_order(work, tasks, helpers, lookahead):
+        with lock:
+            taken[0] += 1
+        assert ok
+        out.append(result)
+        time.sleep(0.001)  # the driver's part: slower than the helpers' work
+    assert out == list(range(40))
+    assert max(ahead) <= lookahead
+    assert max(ahead) == lookahead or helpers == 1 and lookahead == 1  # it does run ahead
+    assert not [t for t in threading.enumerate() if t.name.startswith("rose-aot verify")]
+
+
 def test_in_order_closed_early_starts_no_more_work():
     """A caller that stops at the first failure (check_artifacts) closes the pipeline: the
     helpers finish what they hold, start nothing more, and are gone when close returns."""

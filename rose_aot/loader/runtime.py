@@ -32,7 +32,7 @@ from . import driver
 from .args import ArgBinder, ParamPacker
 
 __all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS",
-           "PRELOAD_PIPELINE_MIN"]
+           "PRELOAD_PIPELINE_MIN", "PRELOAD_LOOKAHEAD"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
@@ -50,6 +50,10 @@ _REBUILD = "rebuild the bundle with `rose-aot build`"
 # benchmarks/results/warmup-threads-h200.log).
 PRELOAD_THREADS = 2
 PRELOAD_PIPELINE_MIN = 32
+# How many tasks preload's helpers may run ahead of the calling thread: each holds a verified
+# image until the driver has it, so this bounds the memory of a pipeline over huge cubins
+# (DeepSeek-V3's largest is 72 KB; the helper stays a few variants ahead of the driver anyway).
+PRELOAD_LOOKAHEAD = 8
 
 
 def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBundle":
@@ -479,15 +483,14 @@ class KernelBundle:
 
 
 
-def _in_order(work, tasks: list[tuple], helpers: int):
+def _in_order(work, tasks: list[tuple], helpers: int, lookahead: int = PRELOAD_LOOKAHEAD):
     """(True, work(*task)) or (False, the exception it raised) for each task, yielded in task
     order as soon as it is ready, while `helpers` threads (0: none, the caller's thread works)
-    work ahead. Preload's pipeline: the helpers verify artifacts (zstd and sha256 run without
-    the GIL) while the caller's driver loads run. Closing the generator early lets the helpers
-    finish the task they hold and start no other; it returns once they have stopped.
-    Not bounded: helpers faster than the caller hold every result it has not taken yet (for
-    preload, verified images: for the shipped bundles under 1 MB in all; a bundle of huge
-    cubins would want a bound on how far ahead they run)."""
+    work ahead, at most `lookahead` tasks past the outcome the caller holds (so at most that
+    many results wait in memory). Preload's pipeline: the helpers verify artifacts (zstd
+    and sha256 run without the GIL) while the caller's driver loads run. Closing the generator
+    early lets the helpers finish the task they hold and start no other; it returns once they
+    have stopped."""
     if helpers <= 0 or len(tasks) <= 1:
         for task in tasks:
             try:
@@ -499,10 +502,15 @@ def _in_order(work, tasks: list[tuple], helpers: int):
     ready = [threading.Event() for _ in tasks]
     pending = iter(range(len(tasks)))
     take = threading.Lock()
+    # One slot per task started whose outcome the caller has not yet taken and finished with.
+    slots = threading.Semaphore(max(1, lookahead))
     stop = False
 
     def worker() -> None:
-        while not stop:
+        while True:
+            slots.acquire()
+            if stop:
+                return
             with take:
                 i = next(pending, None)
             if i is None:
@@ -522,8 +530,11 @@ def _in_order(work, tasks: list[tuple], helpers: int):
             ready[i].wait()
             outcome, outcomes[i] = outcomes[i], None  # the caller keeps what it needs
             yield outcome
+            slots.release()  # the caller is done with it (for preload: the driver has it)
     finally:
         stop = True
+        for _ in threads:  # wakes a helper waiting for a slot: it sees `stop` and returns
+            slots.release()
         for t in threads:
             t.join()
 
