@@ -55,8 +55,7 @@ from __future__ import annotations
 
 __all__ = ["DECODE_THREADS", "DECODE_MAX_VECS", "PREFILL_THREADS", "PREFILL_MAX_VECS",
            "DECODE_WARPS_PER_SM", "FP8_GROUP_DECODE_WARPS_PER_SM", "MX_DECODE_WARPS_PER_SM",
-           "NARROW_ROW_VECTORS", "NARROW_PREFILL_THREADS", "NARROW_PREFILL_MAX_VECS",
-           "STAGED_ROWS"]
+           "NARROW_ROW_VECTORS", "NARROW_PREFILL_THREADS", "NARROW_PREFILL_MAX_VECS"]
 
 DECODE_THREADS = 128
 DECODE_MAX_VECS = 1
@@ -66,9 +65,6 @@ PREFILL_MAX_VECS = 4
 NARROW_ROW_VECTORS = 256
 NARROW_PREFILL_THREADS = 128
 NARROW_PREFILL_MAX_VECS = 2
-# fp8_group_quant's prefill with column-major scales: rows per block, whose scales of one group
-# go out in one 16-byte store (fp8_group_quant/family.py: quant_variants)
-STAGED_ROWS = 4
 # decode while tokens * vectors_per_row <= 32 * DECODE_WARPS_PER_SM * sm_count
 DECODE_WARPS_PER_SM = 16
 # fp8_group_quant and the block-scaled formats (measured: see above)

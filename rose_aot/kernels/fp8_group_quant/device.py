@@ -11,7 +11,7 @@ from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
 from ..act_and_mul.device import activate, load_chunk, store_chunk
-from ..device_utils import SharedMemory, pdl_prologue, quotient, quotient_factors
+from ..device_utils import pdl_prologue, quotient, quotient_factors
 from ..spec import Variant
 from .family import FP8_MAX
 
@@ -70,12 +70,6 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
     lanes = k["group_lanes"]
     chunk = row_threads * per_thread
     vectors = width // vec
-    # Column-major scales staged in shared memory: the block's `rows` tokens (a multiple of 4)
-    # of one group are consecutive in that layout and go out 4 to a 16-byte store.
-    staged = k.get("staged_scales", False)
-    chunk_groups = chunk // lanes
-    groups = vectors // lanes
-    quads = rows // 4
     eps = float(config.eps)
     ue8m0 = bool(config.ue8m0)
     block = list(variant.block)
@@ -108,9 +102,6 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
             a = tXrX.load().to(Float32)
             tYrY.store(activate(a, activation) * tBrB.load().to(Float32))
 
-        if const_expr(staged):
-            alloc = SharedMemory(smem_bytes, "fp8_group_quant staged scales")
-            sS = alloc.tensor(Float32, (rows, chunk_groups))  # [row in block, group in chunk]
         for i in cutlass.range_constexpr(per_thread):
             amax = Float32(0.0)
             for j in cutlass.range_constexpr(vec):
@@ -125,34 +116,13 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
             for j in cutlass.range_constexpr(vec):
                 tYrY[j, i] = quotient(tYrY[j, i], divisor, recip)
             idx = first + i * row_threads
-            if const_expr(staged):
-                if idx < vectors and (tidx % lanes) == 0:
-                    sS[tidx // row_threads, (tidx % row_threads + i * row_threads) // lanes] = scale
-            else:
-                if valid and idx < vectors and (tidx % lanes) == 0:
-                    mS[row, idx // lanes] = scale
+            if valid and idx < vectors and (tidx % lanes) == 0:
+                mS[row, idx // lanes] = scale
 
         tQrQ = cute.make_rmem_tensor((vec, per_thread), mQ.element_type)
         tQrQ.store(tYrY.load().to(mQ.element_type))
         gQ = cute.zipped_divide(mQ[row, None], (vec,))
         store_chunk(tQrQ, gQ, first, row_threads, per_thread, vectors, exact, valid)
-        if const_expr(staged):
-            cute.arch.sync_threads()
-            tokens = mX.shape[0]
-            for j in cutlass.range(tidx, chunk_groups * quads, rows * row_threads):
-                g_in_chunk = j // quads
-                quad = j % quads
-                g = bidy * chunk_groups + g_in_chunk
-                t = bidx * rows + quad * 4
-                if g < groups:
-                    if t + 4 <= tokens:
-                        gS = cute.zipped_divide(mS[None, g], (4,))
-                        sQuad = cute.zipped_divide(sS[None, g_in_chunk], (4,))
-                        cute.autovec_copy(sQuad[(None, quad)], gS[(None, t // 4)])
-                    else:  # the last tokens: the padding entries are not written
-                        for e in cutlass.range_constexpr(4):
-                            if t + e < tokens:
-                                mS[t + e, g] = sS[quad * 4 + e, g_in_chunk]
 
     @cute.jit
     def launch(

@@ -35,7 +35,6 @@ warp, and its absmax is a butterfly max over only those lanes (log2 of that many
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from ...archs import Arch
@@ -49,7 +48,6 @@ from ..act_and_mul.tuning import (
     NARROW_ROW_VECTORS,
     PREFILL_MAX_VECS,
     PREFILL_THREADS,
-    STAGED_ROWS,
 )
 from ..base import KernelFamily, choice
 from ..chunked_rows import chunk_split, chunked_plan
@@ -109,32 +107,21 @@ def quant_args(c, arch: Arch, width: int, x_width: int) -> tuple[TensorArg, ...]
 
 
 def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...], *,
-                   narrow_prefill: bool = False, staged_scales: bool = False) -> tuple[Variant, ...]:
+                   narrow_prefill: bool = False) -> tuple[Variant, ...]:
     """decode and prefill; with `narrow_prefill`, a row of at most NARROW_ROW_VECTORS vectors
-    takes the narrow prefill shape (fp8_group_quant: measured, act_and_mul/tuning.py). With
-    `staged_scales` (column-major scales), the prefill block holds STAGED_ROWS rows of its
-    split and stores their scales from shared memory, STAGED_ROWS consecutive tokens of a group
-    in one 16-byte store (the column-major layout puts them side by side) instead of one 4-byte
-    store per scale."""
+    takes the narrow prefill shape (fp8_group_quant: measured, act_and_mul/tuning.py)."""
     vec = vector_width(c.dtype, access_bytes(arch, width * DTYPES[c.dtype].bits // 8))
     prefill = (PREFILL_THREADS, PREFILL_MAX_VECS)
     if narrow_prefill and width // vec <= NARROW_ROW_VECTORS:
         prefill = (NARROW_PREFILL_THREADS, NARROW_PREFILL_MAX_VECS)
-    lanes = c.group // vec
     out = []
     for name, threads, vecs in (
         ("decode", DECODE_THREADS, DECODE_MAX_VECS),
         ("prefill", *prefill),
     ):
         split = chunk_split(width // vec, threads, vecs)
-        smem = 0
-        stage = staged_scales and name == "prefill"
-        if stage:
-            split = dataclasses.replace(split, rows_per_block=STAGED_ROWS)
-            smem = STAGED_ROWS * (split.chunk_vectors // lanes) * 4  # fp32 [rows, groups]
-        constants = {**split.constants(), "vec": vec, "group_lanes": lanes,
-                     "staged_scales": stage}
-        out.append(Variant(name, (split.threads, 1, 1), smem, params, constants,
+        constants = {**split.constants(), "vec": vec, "group_lanes": c.group // vec}
+        out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
                            pdl=PDL_MAX_THREADS if name == "decode" else 0))
     return tuple(out)
 
@@ -153,8 +140,7 @@ class Fp8GroupQuant(KernelFamily):
 
     def variants(self, c: Fp8GroupQuantConfig, arch: Arch) -> tuple[Variant, ...]:
         return quant_variants(c, arch, c.hidden, tuple(a.name for a in self.args(c, arch)),
-                              narrow_prefill=True,
-                              staged_scales=c.scale_layout == "col_major_tma")
+                              narrow_prefill=True)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
