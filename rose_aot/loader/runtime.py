@@ -52,7 +52,7 @@ PRELOAD_THREADS = 2
 PRELOAD_PIPELINE_MIN = 32
 # How many tasks preload's helpers may run ahead of the calling thread: each holds a verified
 # image until the driver has it, so this bounds the memory of a pipeline over huge cubins
-# (DeepSeek-V3's largest is 72 KB; the helper stays a few variants ahead of the driver anyway).
+# (DeepSeek-V3's largest is 72 KB).
 PRELOAD_LOOKAHEAD = 8
 
 
