@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -111,6 +112,17 @@ def out_dir(default: str) -> str:
     path = os.environ.get("OUT") or default
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def write_rows(rows: list[dict], out: str | None, payload: dict, as_json: bool) -> bool:
+    """A probe's --out and --json: {**payload, "rows": rows} written to `out` when given, the
+    rows printed as JSON when `as_json`. True when printed (the caller prints no table)."""
+    if out:
+        with open(out, "w") as f:
+            json.dump({**payload, "rows": rows}, f, indent=2)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    return as_json
 
 
 def shape_order(shape: str) -> list[tuple]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -89,11 +90,12 @@ def main() -> None:
                         "modules": got[0]["modules"], "functions": got[0]["functions"],
                         "bytes": got[0]["bytes"]}
         rows.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"folder": str(args.folder), "rows": rows}, f, indent=2)
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    # benchmarks/common.py, imported here only: a module-level `import common` would shadow
+    # tests/multigpu's module of that name when the CPU tests load this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import write_rows
+
+    if write_rows(rows, args.out, {"folder": str(args.folder)}, args.json):
         return
     print(f"driver calls of a preload, medians of {args.repeats} cold processes per way (ms)")
     print("| bundle | modules | bytes | ms | one module: bytes | ms | saved |")

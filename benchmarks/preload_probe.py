@@ -159,11 +159,12 @@ def main() -> None:
             row["phases"] = {name: round(statistics.median(r["phases"][name] for r in rs), 2)
                              for name, _, _ in PHASES}
         rows.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"bundle": args.bundle, "rows": rows}, f, indent=2)
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    # benchmarks/common.py, imported here only: a module-level `import common` would shadow
+    # tests/multigpu's module of that name when the CPU tests load this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import write_rows
+
+    if write_rows(rows, args.out, {"bundle": args.bundle}, args.json):
         return
     print(f"{args.bundle}: medians of {args.repeats} cold processes (ms)")
     print("| way | variants | open | load (all) | verify | driver | first capability query |")

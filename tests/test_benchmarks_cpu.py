@@ -298,3 +298,13 @@ def test_merged_load_probe_refuses_in_one_line(args, message):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "merged_load_probe.py"),
                           *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_write_rows_writes_the_payload_and_prints_json_only_when_asked(tmp_path, capsys):
+    rows = [{"way": "module", "ms": 1.5}]
+    out = tmp_path / "rows.json"
+    assert common.write_rows(rows, str(out), {"bundle": "b.rosebundle"}, False) is False
+    assert json.loads(out.read_text()) == {"bundle": "b.rosebundle", "rows": rows}
+    assert capsys.readouterr().out == ""
+    assert common.write_rows(rows, None, {}, True) is True
+    assert json.loads(capsys.readouterr().out) == rows
