@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -353,6 +354,14 @@ def _families(text: str) -> str:
     return text
 
 
+def _label(text: str) -> str:
+    """--label: a plain file-name part (the outputs are act_quant-LABEL.* in the output folder)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use letters, digits, '.', '_' and '-' (it names act_quant-LABEL.json)")
+    return text
+
+
 def report(rows, copy_tbs, env, out, name):
     lines = [
         f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, {env['date']}; "
@@ -400,7 +409,8 @@ def main() -> None:
     parser.add_argument("--widths", type=int_list, default=WIDTHS)
     parser.add_argument("--no-peers", action="store_true",
                         help="time rose-aot only (its plan and each variant forced)")
-    parser.add_argument("--label", help="name of the output files (default: the --family value)")
+    parser.add_argument("--label", type=_label,
+                        help="name of the output files (default: the --family value)")
     args = parser.parse_args()
     tokens, widths = args.tokens, args.widths
     families = FAMILIES if args.family == "all" else args.family.split(",")

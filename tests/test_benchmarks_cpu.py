@@ -258,6 +258,10 @@ def test_bench_act_quant_family_option_takes_all_or_names_joined_by_commas(monke
     for bad in ("", "fp8_group", "act_and_mul,", "all,act_and_mul", "act_and_mul,,fp8_group_quant"):
         with pytest.raises(argparse.ArgumentTypeError, match="joined by commas"):
             bench._families(bad)
+    assert bench._label("exp4-2048") == "exp4-2048"
+    for bad in ("", "../x", "a/b", ".hidden", "a b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="names act_quant-LABEL"):
+            bench._label(bad)
 
 
 def test_preload_probe_breakdown_times_functions_the_loader_has():
