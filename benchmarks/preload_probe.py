@@ -19,6 +19,9 @@ the processes so that a drift of the machine touches each alike:
                   the points' records and plans, decompressing + hashing artifacts, checking
                   cubins against their records, cuModuleLoadData, cuModuleGetFunction): where
                   the time of open + preload goes. The timers add a few µs per call.
+  cpu_breakdown   the same phases without a GPU: open_bundle and check_artifacts("sm_90a"), the
+                  verification a preload does, no torch and no driver (runs on the CPU build
+                  machine: `--ways cpu_breakdown`)
 
 Medians per way, with open_bundle's time in every process and the first
 torch.cuda.get_device_capability (what preload asks to pick the arch); for breakdown, the
@@ -35,7 +38,7 @@ import statistics
 import subprocess
 import sys
 
-WAYS = ("preload", "preload_serial", "library", "module", "breakdown")
+WAYS = ("preload", "preload_serial", "library", "module", "breakdown", "cpu_breakdown")
 # breakdown's phases: (name, module, attribute) of the function timed, in the order they run
 PHASES = (
     ("read", "rose_aot.bundle.format", "_read_file"),
@@ -51,17 +54,20 @@ PHASES = (
 
 _PROBE = r"""
 import json, sys, time
-import torch
-torch.cuda.init()
-tc = time.perf_counter()
-torch.cuda.get_device_capability(0)
-capability_ms = (time.perf_counter() - tc) * 1e3
-torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+path, way, phases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+gpu = way != "cpu_breakdown"
+capability_ms = None
+if gpu:
+    import torch
+    torch.cuda.init()
+    tc = time.perf_counter()
+    torch.cuda.get_device_capability(0)
+    capability_ms = (time.perf_counter() - tc) * 1e3
+    torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 import importlib
 import rose_aot
 from rose_aot.loader import driver
-cu = driver.driver()
-path, way, phases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+cu = driver.driver() if gpu else None
 spent = {}
 
 def timed(name, function):
@@ -73,7 +79,7 @@ def timed(name, function):
             spent[name] = spent.get(name, 0.0) + (time.perf_counter() - start) * 1e3
     return run
 
-if way == "breakdown":
+if way in ("breakdown", "cpu_breakdown"):
     for name, module, attribute in phases:
         owner = importlib.import_module(module)
         *path_to, leaf = attribute.split(".")
@@ -83,8 +89,10 @@ if way == "breakdown":
 t0 = time.perf_counter()
 bundle = rose_aot.open_bundle(path)
 t1 = time.perf_counter()
-out = {"way": way, "open_ms": (t1 - t0) * 1e3, "capability_ms": capability_ms}
-driver.make_primary_context_current(0)
+out = {"way": way, "open_ms": (t1 - t0) * 1e3}
+if gpu:
+    out["capability_ms"] = capability_ms
+    driver.make_primary_context_current(0)
 tasks = bundle._variants("sm_90a")
 
 def entries(task):
@@ -97,6 +105,8 @@ if way == "preload":
     bundle.preload(0)
 elif way in ("preload_serial", "breakdown"):
     bundle.preload(0, threads=1)
+elif way == "cpu_breakdown":
+    bundle.check_artifacts("sm_90a")  # what a preload verifies, without the driver
 elif way in ("library", "module"):
     images = [bundle.verified_image(*t) for t in tasks]
     tv = time.perf_counter()
@@ -115,10 +125,11 @@ elif way in ("library", "module"):
     out["driver_ms"] = (time.perf_counter() - tv) * 1e3
 else:
     raise SystemExit(f"unknown way {way}")
-torch.cuda.synchronize()
+if gpu:
+    torch.cuda.synchronize()
 out["load_ms"] = (time.perf_counter() - t2) * 1e3
 out["variants"] = len(tasks)
-if way == "breakdown":
+if way in ("breakdown", "cpu_breakdown"):
     out["phases"] = {name: spent.get(name, 0.0) for name, _, _ in phases}
 assert "cutlass" not in sys.modules
 print(json.dumps(out))
@@ -170,11 +181,13 @@ def main() -> None:
     print("| way | variants | open | load (all) | verify | driver | first capability query |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
+        capability = f"{r['capability_ms']:.3f}" if "capability_ms" in r else ""
         print(f"| {r['way']} | {r['variants']} | {r['open_ms']:.2f} | {r['load_ms']:.2f} | "
-              f"{r.get('verify_ms', '')} | {r.get('driver_ms', '')} | {r['capability_ms']:.3f} |")
+              f"{r.get('verify_ms', '')} | {r.get('driver_ms', '')} | {capability} |")
     for r in rows:
         if "phases" in r:
-            print(f"\nbreakdown: open + preload(0, threads=1) = {r['open_ms'] + r['load_ms']:.2f} "
+            second = "preload(0, threads=1)" if r["way"] == "breakdown" else "check_artifacts"
+            print(f"\n{r['way']}: open + {second} = {r['open_ms'] + r['load_ms']:.2f} "
                   f"ms, medians per phase (ms):")
             print("| " + " | ".join(r["phases"]) + " |")
             print("|" + "---|" * len(r["phases"]))

@@ -312,3 +312,23 @@ def test_write_rows_writes_the_payload_and_prints_json_only_when_asked(tmp_path,
     assert capsys.readouterr().out == ""
     assert common.write_rows(rows, None, {}, True) is True
     assert json.loads(capsys.readouterr().out) == rows
+
+
+def test_preload_probe_cpu_breakdown_times_open_and_verification_without_a_gpu(shipped_bundle_path):
+    """The CPU way of preload_probe.py runs end to end on the build machine: cold processes,
+    no torch, every phase but the driver's measured."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "preload_probe.py"),
+                          str(shipped_bundle_path), "--ways", "cpu_breakdown", "--repeats", "1",
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = json.loads(run.stdout)
+    from rose_aot import open_bundle
+
+    assert row["variants"] == len(open_bundle(shipped_bundle_path)._variants("sm_90a")) > 0
+    phases = row["phases"]
+    for name in ("index_json", "records_and_plans", "decompress_sha256", "cubin_check"):
+        assert phases[name] > 0, name
+    assert phases["cuModuleLoadData"] == phases["cuModuleGetFunction"] == 0  # no driver
+    assert "capability_ms" not in row and row["open_ms"] > 0 and row["load_ms"] > 0
