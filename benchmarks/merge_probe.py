@@ -178,6 +178,11 @@ def main() -> None:
                         help="keep each bundle's cubins and one-module cubin here, for "
                              "benchmarks/merged_load_probe.py")
     args = parser.parse_args()
+    if args.write is not None:  # before any compile: a bad folder should cost nothing
+        try:
+            args.write.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            sys.exit(f"merge_probe.py: cannot use --write {args.write}: {exc.strerror or exc}")
     ptxas = find_ptxas(args.ptxas)
     if ptxas is None:
         sys.exit("merge_probe.py: no ptxas; pip install nvidia-cuda-nvcc-cu12==12.9.86 or pass "

@@ -233,6 +233,7 @@ def test_merge_probe_joins_modules_under_one_header_and_normalizes_only_numberin
 @pytest.mark.parametrize("args, message", [
     (["--ptxas", "/no/such/ptxas", "b.rosebundle"], "no ptxas; pip install nvidia-cuda-nvcc-cu12"),
     (["--ptxas", "README.md", "README.md"], "not a rose-aot bundle"),  # any file as ptxas
+    (["--write", "README.md", "b.rosebundle"], "cannot use --write"),  # a file, not a folder
 ])
 def test_merge_probe_refuses_in_one_line(args, message):
     import subprocess
