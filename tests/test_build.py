@@ -284,6 +284,20 @@ def test_shipped_bundle_round_trip(shipped_build, shipped):
         assert handle.key == key
 
 
+def test_kernel_bundles_store_cubins_and_compress_ptx(shipped_build):
+    # A preload decompresses every cubin of its arch: they are stored (a copy to
+    # "decompress"); the PTX, read only by the reported fallback, stays compressed.
+    reader = BundleReader.from_bytes(shipped_build.data)
+    cubins = [n for n in reader.blob_names() if n.endswith(".cubin")]
+    ptx = [n for n in reader.blob_names() if n.endswith(".ptx")]
+    assert cubins and len(cubins) == len(ptx)
+    for name in cubins:
+        info = reader.blob_info(name)
+        assert info["size"] >= info["raw_size"] * 0.9, (name, info)
+    stored_ptx = sum(reader.blob_info(n)["size"] for n in ptx)
+    assert stored_ptx < 0.5 * sum(reader.blob_info(n)["raw_size"] for n in ptx)
+
+
 def test_shipped_bundle_records_the_toolchain(shipped):
     tc = shipped.index["toolchain"]
     installed = {}
@@ -394,7 +408,9 @@ def test_cache_entries_hold_the_record_and_serve_only_their_own_key(shipped_buil
         assert other.get(plan.cache_key(a), a) is None
 
 
-# Corruption of the real bundle: every damaged copy fails to open, and `rose-aot verify` says so.
+# Corruption of the real bundle: `rose-aot verify` refuses every damaged copy; open refuses
+# damage to the header and the index (which covers the blob table), and a load refuses a damaged
+# artifact before the driver sees it.
 
 
 def _expect_rejected(path, what: str):
@@ -410,14 +426,37 @@ def _expect_rejected(path, what: str):
 def test_every_sampled_bit_flip_is_rejected(shipped_build, tmp_path):
     data = shipped_build.data
     size = len(data)
+    intact = BundleReader.from_bytes(data)
+    region_start = HEADER_SIZE + struct.unpack_from("<Q", data, 16)[0]
+    blob_at = {}  # file offset of each blob's frame -> (name, its frame size)
+    for name in intact.blob_names():
+        info = intact.blob_info(name)
+        blob_at[region_start + info["offset"]] = (name, info["size"])
     offsets = sorted({0, size - 1} | {round(i * (size - 1) / 199) for i in range(200)})
-    assert len(offsets) >= 200
+    assert len(offsets) >= 200 and max(offsets) >= region_start
     path = tmp_path / "flipped.rosebundle"
     for n, offset in enumerate(offsets):
         damaged = bytearray(data)
         damaged[offset] ^= 1 << (n % 8)
         path.write_bytes(bytes(damaged))
-        _expect_rejected(path, f"bit {n % 8} of byte {offset}/{size}")
+        what = f"bit {n % 8} of byte {offset}/{size}"
+        if offset < region_start:
+            _expect_rejected(path, what)
+            continue
+        start = max(s for s in blob_at if s <= offset)
+        name, frame_size = blob_at[start]
+        assert offset < start + frame_size
+        result = CliRunner().invoke(cli, ["verify", str(path)])
+        assert result.exit_code == 1 and "Error:" in result.output, f"{what}: {result.output}"
+        # A load of the artifact (the cubin; the PTX with use_ptx) refuses it, unless the flip
+        # left what the frame decompresses to unchanged (then the load gets the right bytes).
+        bundle = open_bundle(path, use_ptx=name.endswith(".ptx"))
+        try:
+            bundle.check_artifacts()
+        except BundleError as exc:
+            assert str(path) in str(exc), what
+        else:
+            assert bundle.reader.blob(name) == intact.blob(name), what
 
 
 def test_every_sampled_truncation_is_rejected(shipped_build, tmp_path):

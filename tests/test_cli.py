@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rose_aot.bundle import HEADER_SIZE
 from rose_aot.cli import main as cli
 
 TINY = """\
@@ -229,7 +230,8 @@ def test_verify_intact_and_damaged(tiny, tmp_path, as_json):
 
     damaged = tmp_path / "damaged.rosebundle"
     data = bytearray(bundle.read_bytes())
-    data[len(data) // 2] ^= 0x10
+    region = HEADER_SIZE + int.from_bytes(data[16:24], "little")  # the blobs' frames
+    data[(region + len(data)) // 2] ^= 0x10
     damaged.write_bytes(bytes(data))
     bad = run("verify", *flags, damaged)
     assert bad.exit_code == 1
@@ -239,7 +241,14 @@ def test_verify_intact_and_damaged(tiny, tmp_path, as_json):
         assert "damaged bundle" in info["error"]
     else:
         assert bad.stderr.startswith("Error: ") and "damaged bundle" in bad.stderr
+    # inspect reads the index only: a damaged blob is verify's to find, a damaged index fails
+    # both
+    assert run("inspect", damaged).exit_code == 0
+    data = bytearray(bundle.read_bytes())
+    data[HEADER_SIZE + 10] ^= 0x10
+    damaged.write_bytes(bytes(data))
     assert run("inspect", damaged).exit_code == 2
+    assert run("verify", *flags, damaged).exit_code == 1
 
 
 def test_verify_missing_file(tmp_path):

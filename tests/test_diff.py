@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures_tiny import TINY_TOML, rewrite_bundle
+from rose_aot.bundle import HEADER_SIZE
 from rose_aot.cli import main as cli
 from rose_aot.errors import ManifestError
 from rose_aot.kernels import FAMILIES, config_json, get_family
@@ -396,7 +397,7 @@ def test_unreadable_file_exits_two(tiny_build, tmp_path, monkeypatch):
 def test_damaged_bundle_and_shard_exit_two(tiny_build, tmp_path):
     damaged = tmp_path / "damaged.rosebundle"
     data = bytearray(tiny_build.data)
-    data[-1] ^= 1
+    data[HEADER_SIZE + 10] ^= 1  # in the index (diff reads no artifact)
     damaged.write_bytes(bytes(data))
     result = run("diff", damaged, tiny_build.manifest)
     assert result.exit_code == 2 and "damaged bundle" in result.output

@@ -497,7 +497,15 @@ def write_plan_bundle(plan: BuildPlan, results: dict[WorkItem, ItemResult], outp
     index, blobs = _assemble(plan, results)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    return write_bundle(output, index, blobs)
+    return write_bundle(output, index, blobs, stored=driver_images(blobs))
+
+
+def driver_images(blobs: dict[str, bytes]) -> set[str]:
+    """The blobs a serving process's load hands the driver as they are: the cubins. A bundle
+    stores them (STORED_ZSTD_LEVEL) instead of compressing them, as their decompression was
+    most of the CPU time of a preload's verification (the PTX, a reported fallback, stays
+    compressed)."""
+    return {name for name in blobs if name.endswith(".cubin")}
 
 
 def _assemble(plan: BuildPlan, results: dict[WorkItem, ItemResult]):

@@ -41,6 +41,7 @@ from .build import (
     _assemble,
     artifact_base,
     compile_items,
+    driver_images,
 )
 
 __all__ = [
@@ -314,7 +315,7 @@ def merge_shards(paths, output, *, trusted_keys=None) -> BuildSummary:
             f"cannot create the output directory {output.parent}: {exc.strerror or exc}; pass "
             "-o with a writable path"
         ) from exc
-    size = write_bundle(output, index_doc, blobs)
+    size = write_bundle(output, index_doc, blobs, stored=driver_images(blobs))
     return BuildSummary(
         Path(output),
         [results[i] for i in plan.items],

@@ -21,14 +21,18 @@ The index is the caller's JSON object plus a "blobs" table that this module owns
 
 "offset" counts from the start of the blob region; "size" and "sha256" describe the compressed
 frame, "raw_size" and "raw_sha256" the decompressed bytes. Frames follow each other with no gap
-and the file ends at the end of the last one. Every frame is compressed at level ZSTD_LEVEL,
-single-threaded, with its content size in the frame header and no zstd checksum (sha256 covers
-it), so the same inputs always give the same file.
+and the file ends at the end of the last one. Every frame is compressed at level ZSTD_LEVEL, or
+STORED_ZSTD_LEVEL (raw blocks: stored, not compressed) for the blobs the writer is told to
+store, single-threaded, with its content size in the frame header and no zstd checksum (sha256
+covers it), so the same inputs always give the same file.
 
-The header digest covers the index and the index's digests cover every frame, so
-:meth:`BundleReader.open` checks every byte of the file before it returns. The reader treats
-the file as hostile: each length and size is checked against the file and the MAX_* limits
-before anything is allocated, and every problem is a :class:`BundleError`.
+The header digest covers the index and the index's digests cover every frame.
+:meth:`BundleReader.open` checks the header, the index, the blob table and every frame's header
+(which bounds what its decompression allocates); a blob's bytes are checked where they are used:
+:meth:`BundleReader.blob` checks what the frame decompresses to against raw_sha256 before
+returning it, :meth:`BundleReader.verify` both digests of every blob. The reader treats the file
+as hostile: each length and size is checked against the file and the MAX_* limits before
+anything is allocated, and every problem is a :class:`BundleError`.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_SIZE",
     "ZSTD_LEVEL",
+    "STORED_ZSTD_LEVEL",
     "MAX_INDEX_BYTES",
     "MAX_BLOB_BYTES",
     "MAX_BUNDLE_BYTES",
@@ -64,6 +69,11 @@ __all__ = [
 MAGIC = b"ROSEAOT\0"
 FORMAT_VERSION = 1
 ZSTD_LEVEL = 19
+# zstd's fastest level, for the blobs a serving process decompresses at warmup (the cubins):
+# nearly every block is stored raw, so decompressing is a copy. DeepSeek-V3's 45 cubins
+# (816 KB) took 0.88 ms to decompress at level 19 and 0.03 ms at this level on the build
+# machine, for 635 KB more file (benchmarks/results/warmup-stored-cubins.md).
+STORED_ZSTD_LEVEL = -(1 << 17)
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_BLOB_BYTES = 512 * 1024 * 1024  # decompressed size of one blob
 MAX_BUNDLE_BYTES = 2 * 1024 * 1024 * 1024  # whole file; bundles are MBs, the reader reads it all
@@ -98,20 +108,24 @@ class BlobNotFoundError(BundleError, KeyError):
 # --------------------------------------------------------------------------- writing
 
 
-def write_bundle(path: str | os.PathLike, index: dict, blobs: dict[str, bytes]) -> int:
+def write_bundle(path: str | os.PathLike, index: dict, blobs: dict[str, bytes], *,
+                 stored: frozenset[str] | set[str] = frozenset()) -> int:
     """Write a bundle atomically and return the number of bytes written.
 
     ``index`` must survive a JSON round trip unchanged (dicts with str keys, lists, str, int,
-    finite float, bool, None) and must not have a "blobs" key. The file appears at ``path``
-    complete or not at all: on any failure an existing file there is left untouched.
+    finite float, bool, None) and must not have a "blobs" key. The blobs named in ``stored``
+    are framed at STORED_ZSTD_LEVEL (as good as uncompressed), the others at ZSTD_LEVEL. The
+    file appears at ``path`` complete or not at all: on any failure an existing file there is
+    left untouched.
     """
     path = _fspath(path)
-    data = _encode_bundle(index, blobs)
+    data = _encode_bundle(index, blobs, stored)
     _atomic_write(path, data)
     return len(data)
 
 
-def _encode_bundle(index: dict, blobs: dict[str, bytes]) -> bytes:
+def _encode_bundle(index: dict, blobs: dict[str, bytes],
+                   stored: frozenset[str] | set[str] = frozenset()) -> bytes:
     if not isinstance(index, dict):
         raise BundleError(f"the bundle index must be a dict (got {type(index).__name__})")
     if _BLOBS_KEY in index:
@@ -132,19 +146,25 @@ def _encode_bundle(index: dict, blobs: dict[str, bytes]) -> bytes:
                 f"{MAX_BLOB_BYTES} (MAX_BLOB_BYTES); split it"
             )
 
-    compressor = zstandard.ZstdCompressor(
-        level=ZSTD_LEVEL,
-        write_content_size=True,
-        write_checksum=False,
-        write_dict_id=False,
-        threads=0,
-    )
+    unknown = sorted(set(stored) - set(blobs), key=str)
+    if unknown:
+        raise BundleError(f"stored names blobs the bundle does not have: {_short(unknown)}")
+    compressors = {
+        level: zstandard.ZstdCompressor(
+            level=level,
+            write_content_size=True,
+            write_checksum=False,
+            write_dict_id=False,
+            threads=0,
+        )
+        for level in (ZSTD_LEVEL, STORED_ZSTD_LEVEL)
+    }
     table: dict[str, dict] = {}
     frames: list[bytes] = []
     offset = 0
     for name in sorted(blobs):
         raw = bytes(blobs[name])
-        frame = compressor.compress(raw)
+        frame = compressors[STORED_ZSTD_LEVEL if name in stored else ZSTD_LEVEL].compress(raw)
         table[name] = {
             "offset": offset,
             "size": len(frame),
@@ -293,9 +313,10 @@ def _fsync_directory(directory: str) -> None:
 class BundleReader:
     """A bundle read into memory and verified; blobs are decompressed on first use.
 
-    Make one with :meth:`open` or :meth:`from_bytes`. Both check the header, the index and the
-    sha256 of every compressed blob before they return, so nothing unverified ever leaves the
-    reader. ``index`` is the caller's dict as written (without the blobs table).
+    Make one with :meth:`open` or :meth:`from_bytes`. Both check the header, the index, the blob
+    table and each frame's header before they return; :meth:`blob` checks each decompressed
+    blob against its sha256 before returning it, so nothing unverified ever leaves the reader.
+    ``index`` is the caller's dict as written (without the blobs table).
     """
 
     path: str
@@ -372,7 +393,8 @@ class BundleReader:
         return raw
 
     def verify(self) -> None:
-        """Decompress and check every blob, streaming: each frame is decompressed in 1 MiB
+        """Check every blob's frame against its sha256, then decompress it and check the result,
+        streaming: each frame is decompressed in 1 MiB
         chunks and hashed as it goes, so memory stays at a chunk plus zstd's window, whatever
         the blob sizes. Fills no cache."""
         for name in self._blobs:
@@ -382,6 +404,11 @@ class BundleReader:
         entry = self._entry(name)
         start = self._region_start + entry["offset"]
         frame = self._data[start : start + entry["size"]]
+        if hashlib.sha256(frame).hexdigest() != entry["sha256"]:
+            raise _damaged(
+                self.path,
+                f"blob {_short(name)}: the sha256 of its compressed bytes differs from the index",
+            )
         digest = hashlib.sha256()
         total = 0
         try:
@@ -501,7 +528,7 @@ def _read_file(path: str) -> bytes:
 
 
 def _parse(path: str, data: bytes) -> tuple[int, dict, dict[str, dict], int]:
-    """Verify everything but the decompressed blobs; return version, index, blobs, region start."""
+    """Verify everything but the blobs' bytes; return version, index, blobs, region start."""
     size = len(data)
     if data[: len(MAGIC)] != MAGIC[: min(size, len(MAGIC))]:
         raise BundleError(
@@ -544,15 +571,12 @@ def _parse(path: str, data: bytes) -> tuple[int, dict, dict[str, dict], int]:
     body = _decode_index(path, index_bytes)
     region_start = HEADER_SIZE + index_size
     blobs = _check_blob_table(path, body.pop(_BLOBS_KEY), size - region_start)
+    # The frames' bytes are checked where they are used: blob() checks what decompression
+    # gives against raw_sha256 (what a load hands the driver), verify() both digests. Their
+    # headers are checked now, as they bound what a decompression allocates.
     for name, entry in blobs.items():
         start = region_start + entry["offset"]
-        frame = view[start : start + entry["size"]]
-        if hashlib.sha256(frame).hexdigest() != entry["sha256"]:
-            raise _damaged(
-                path,
-                f"blob {_short(name)}: the sha256 of its compressed bytes differs from the index",
-            )
-        _check_frame_header(path, name, frame, entry["raw_size"])
+        _check_frame_header(path, name, view[start : start + entry["size"]], entry["raw_size"])
     return version, body, blobs, region_start
 
 

@@ -2,8 +2,9 @@
 
 What is signed: the bundle's 56-byte header (magic, format version, flags, index length and the
 sha256 of the index) after a fixed domain prefix. The index holds the sha256 of every blob frame
-and the reader refuses trailing bytes, so the header pins every byte of the file; signing it is
-as strong as signing the whole file, and verifying costs one Ed25519 check.
+and of what it decompresses to, which the reader checks before any blob is used, and the reader
+refuses trailing bytes, so the header pins every byte of the file; signing it is as strong as
+signing the whole file, and verifying costs one Ed25519 check.
 
 Why detached: the bundle's bytes stay exactly what the build wrote (byte-identical rebuilds,
 the same sha256 in the build report, no format change), signing is a separate step a CI job with

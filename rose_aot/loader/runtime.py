@@ -62,12 +62,12 @@ def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBun
     (public key files or PEM bytes), the bundle must carry a valid signature (`<path>.sig`) by one
     of them, else BundleError naming the key ids (see rose_aot.bundle.signing).
 
-    Verified here: the header, the index, every compressed artifact's sha256 and every point's
-    record (see KernelBundle). Each artifact's decompressed bytes are checked the first time a
-    load needs them (preload, or the first launch of its variant on a device), before any byte
-    reaches the driver, with the same BundleError an eager check raises; so a damaged cubin of
-    a point never loaded, or of another arch, costs nothing and fails nothing. `rose-aot
-    verify` and KernelBundle(reader) check every artifact at once."""
+    Verified here: the header, the index (with its table of artifacts and their sha256) and
+    every point's record (see KernelBundle). Each artifact's bytes are checked the first time
+    a load needs them (preload, or the first launch of its variant on a device), before any
+    byte reaches the driver, with the same BundleError an eager check raises; so a damaged
+    cubin of a point never loaded, or of another arch, costs nothing and fails nothing.
+    `rose-aot verify` and KernelBundle(reader) check every artifact at once."""
     reader = BundleReader.open(path)
     check_signature(reader, trusted_keys)
     check_kernel_index(reader.index, reader.path)
