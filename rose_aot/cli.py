@@ -348,7 +348,6 @@ def verify(bundle, trusted_keys, as_json):
     unsigned or wrongly signed, 2 when a trusted key cannot be read.
     """
     from .bundle import BundleReader
-    from .bundle.index_shape import check_kernel_index
     from .bundle.signing import check_signature, load_public_key
     from .loader import KernelBundle
 
@@ -358,8 +357,7 @@ def verify(bundle, trusted_keys, as_json):
         reader = BundleReader.open(bundle)
         signer = check_signature(reader, keys)
         reader.verify()
-        check_kernel_index(reader.index, reader.path)
-        KernelBundle(reader)
+        KernelBundle(reader)  # checks the index's types first (check_kernel_index)
     except RoseAotError as exc:
         if as_json:
             click.echo(json.dumps({"bundle": str(bundle), "ok": False, "error": str(exc)}))

@@ -235,15 +235,21 @@ def test_ptx_param_sizes_equal_spec_for_every_shipped_point(shipped, family_name
         for name in record["entries"]:
             assert entries[name]["params"] == want, f"{key}@{arch}/{record['name']} {name}"
             assert reqntid(entries[name]["directives"]) == tuple(record["block"]) == spec.block
-        assert [p["name"] for p in record["params"]] == list(spec.params)
-        assert [p["size"] for p in record["params"]] == want
-        assert [p["align"] for p in record["params"]] == [param_align(args[n]) for n in spec.params]
-        assert [p["fields"] for p in record["params"]] == [
+        # a variant names its parameters; the point holds each one's layout once
+        assert record["params"] == list(spec.params)
+        layouts = {p["name"]: p for p in point["params"]}
+        assert len(layouts) == len(point["params"])
+        assert [layouts[n]["size"] for n in record["params"]] == want
+        assert [layouts[n]["align"] for n in record["params"]] == [
+            param_align(args[n]) for n in spec.params
+        ]
+        assert [layouts[n]["fields"] for n in record["params"]] == [
             [f.to_json() for f in param_fields(args[n])] for n in spec.params
         ]
         assert record["smem"] == spec.smem and record["cooperative"] == spec.cooperative
         assert record["constants"] == spec.constants
-        assert set(record["resources"]) == set(record["entries"])
+        assert len(record["resources"]) == len(record["entries"])  # one per entry, in order
+        assert parsed.resources == dict(zip(record["entries"], record["resources"]))
         parsed.check_cubin(cubin)
 
 

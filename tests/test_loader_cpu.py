@@ -369,8 +369,8 @@ def _swap_cubins(index):
 TAMPER = [
     pytest.param(lambda i, b: _first_variant(i).update(block=[64, 1, 1]), "block", id="block"),
     # The packing check at open sees a wrong size before the cubin's first load would.
-    pytest.param(lambda i, b: _first_variant(i)["params"][0].update(
-        size=_first_variant(i)["params"][0]["size"] + 8), "is not the packing", id="param-sizes"),
+    pytest.param(lambda i, b: _point(i)["params"][0].update(
+        size=_point(i)["params"][0]["size"] + 8), "is not the packing", id="param-sizes"),
     pytest.param(lambda i, b: _first_variant(i)["params"].pop(), "parameter sizes",
                  id="param-missing"),
     pytest.param(lambda i, b: _first_variant(i).update(
@@ -397,7 +397,7 @@ TAMPER = [
     # too) is in the record, and every parameter is the packing of the record's own argument.
     pytest.param(lambda i, b: _point(i).update(variants=_point(i)["variants"][:1]),
                  "prefill", id="missing-forced-variant"),
-    pytest.param(lambda i, b: _first_variant(i)["params"][0]["fields"][1].__setitem__(1, "q"),
+    pytest.param(lambda i, b: _point(i)["params"][0]["fields"][1].__setitem__(1, "q"),
                  "param", id="param-layout"),
     pytest.param(lambda i, b: i.update(kind="something else"), "not a rose-aot kernel bundle",
                  id="kind"),
@@ -437,7 +437,14 @@ def test_malformed_index_record_is_a_bundle_error(shipped_build, tmp_path):
         "variant without record_version": lambda i, b: _first_variant(i).pop("record_version"),
         "variant with a block of two dims": lambda i, b: _first_variant(i).update(block=[64, 1]),
         "variant with a string smem": lambda i, b: _first_variant(i).update(smem="0"),
-        "param without fields": lambda i, b: _first_variant(i)["params"][0].pop("fields"),
+        "param without fields": lambda i, b: _point(i)["params"][0].pop("fields"),
+        "point without params": lambda i, b: _point(i).pop("params"),
+        "variant naming no parameter of its point": lambda i, b: _first_variant(i)[
+            "params"].__setitem__(0, "nope"),
+        "variant naming a parameter by a number": lambda i, b: _first_variant(i)[
+            "params"].__setitem__(0, 0),
+        "parameter named twice": lambda i, b: _point(i)["params"].append(_point(i)["params"][0]),
+        "resources not one per entry": lambda i, b: _first_variant(i)["resources"].append({}),
         "point without args": lambda i, b: _point(i).pop("args"),
         "point without workspace": lambda i, b: _point(i).pop("workspace"),
         "arg with an unknown dtype": lambda i, b: _point(i)["args"][0].update(dtype="bfloat17"),
@@ -563,9 +570,11 @@ def test_packer_of_a_shipped_point_matches_its_recorded_layout(bundle, qk, arch)
     for raw_variant, variant in zip(point["variants"], record.variants):
         assert raw_variant["name"] == variant.name
         packer = ParamPacker(positions, variant.params)
-        assert packer.sizes == [p["size"] for p in raw_variant["params"]]
-        assert packer.params == tuple(p["name"] for p in raw_variant["params"])
-        layouts = [p["fields"] for p in raw_variant["params"]]
+        recorded = {p["name"]: p for p in point["params"]}
+        raw_params = [recorded[name] for name in raw_variant["params"]]
+        assert packer.sizes == [p["size"] for p in raw_params]
+        assert packer.params == tuple(raw_variant["params"])
+        layouts = [p["fields"] for p in raw_params]
         n = sum(len(layout) for layout in layouts)
         packer.pack(list(range(1, n + 1)))
         raw, offsets = _read_params(packer)

@@ -279,9 +279,12 @@ def test_hostile_record_fields_end_in_bundle_errors(tmp_path, tiny_build):
             r = rnd.random()
             if r < 0.4:
                 rnd.choice(point["variants"])[rnd.choice(variant_fields)] = rnd.choice(values)
-            elif r < 0.6:
-                params = point["variants"][0]["params"]
+            elif r < 0.5:  # the point's parameters
+                params = point["params"]
                 rnd.choice(params)[rnd.choice(["name", "size", "align", "fields"])] = rnd.choice(values)
+            elif r < 0.6:  # the names by which a variant takes them
+                names = point["variants"][0]["params"]
+                names[rnd.randrange(len(names))] = rnd.choice(values)
             elif r < 0.9:
                 arg = rnd.choice(point["args"])
                 field = rnd.choice(arg_fields)
@@ -290,7 +293,7 @@ def test_hostile_record_fields_end_in_bundle_errors(tmp_path, tiny_build):
                 else:
                     arg[field] = rnd.choice(values)
             else:
-                point[rnd.choice(["args", "workspace", "variants"])] = rnd.choice(values)
+                point[rnd.choice(["args", "workspace", "params", "variants"])] = rnd.choice(values)
 
         path = rewrite_bundle(tiny_build.path, tmp_path / f"h{i % 2}.rosebundle", edit_index=edit)
         try:

@@ -9,6 +9,7 @@ BundleError instead of a TypeError deep inside. Values are checked where they ar
 from __future__ import annotations
 
 from ..errors import BundleError
+from ..kernels.record import RECORD_VERSION
 
 __all__ = ["check_kernel_index"]
 
@@ -27,6 +28,7 @@ _POINT = {
     "config": dict,
     "args": list,
     "workspace": list,
+    "params": list,
     "variants": list,
 }
 _VARIANT = {
@@ -35,7 +37,7 @@ _VARIANT = {
     "block": list,
     "params": list,
     "constants": dict,
-    "resources": dict,
+    "resources": list,
     "cubin": str,
     "ptx": str,
 }
@@ -77,6 +79,13 @@ def check_kernel_index(index: object, path: str) -> None:
         for j, variant in enumerate(point.get("variants", [])):
             if not isinstance(variant, dict):
                 fail(f'"points"[{i}].variants[{j}]', dict, variant)
+            version = variant.get("record_version")
+            if version != RECORD_VERSION:  # its fields may have other types: say why first
+                raise BundleError(
+                    f"{path}: point {str(point.get('key', i))[:200]!r} has record version "
+                    f"{str(version)[:20]}; this rose-aot reads record version {RECORD_VERSION}; "
+                    "rebuild the bundle with the rose-aot version that serves it"
+                )
             for field, kind in _VARIANT.items():
                 if field in variant and not isinstance(variant[field], kind):
                     fail(f'"points"[{i}].variants[{j}].{field}', kind, variant[field])

@@ -23,7 +23,11 @@ from .spec import Arg, ParamField, TensorArg, Variant, arg_from_json, param_alig
 __all__ = ["RECORD_VERSION", "ParamRecord", "VariantRecord", "PointRecord"]
 
 # Bumped whenever the meaning of a record field changes; a loader refuses other versions.
-RECORD_VERSION = 2
+# 3: a point's parameters are written once ("params"), each variant naming its own in kernel
+# order, and a variant's resources are a list in entry order. Written per variant, parameters
+# and resources keyed by entry name were a third of a DeepSeek-V3 bundle's index, which a
+# serving process parses at every start.
+RECORD_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,8 @@ class ParamRecord:
 
     @classmethod
     def from_json(cls, data: dict, memo: dict | None = None) -> "ParamRecord":
-        """With `memo` (one dict per index read), equal parameters share one record: an index
-        repeats a few dozen distinct ones hundreds of times, and making the frozen dataclasses
+        """With `memo` (one dict per index read), equal parameters share one record: the
+        points of an index repeat a few dozen distinct ones, and making the frozen dataclasses
         is most of the cost of reading them. The memo key is the converted values themselves,
         so a hit is exactly the record the conversions would have built."""
         name, size, align = str(data["name"]), _int(data["size"]), _int(data["align"])
@@ -157,37 +161,39 @@ class VariantRecord:
             "smem": self.smem,
             "cooperative": self.cooperative,
             "pdl": self.pdl,
-            "params": [p.to_json() for p in self.params],
+            "params": [p.name for p in self.params],  # the point's "params" hold their layout
             "constants": dict(sorted(self.constants.items())),
-            "resources": self.resources,
+            "resources": [self.resources[e] for e in self.entries],
             "cubin_sha256": self.cubin_sha256,
             "ptx_sha256": self.ptx_sha256,
         }
 
     @classmethod
-    def from_json(cls, data: dict, memo: dict | None = None) -> "VariantRecord":
+    def from_json(cls, data: dict, params: dict[str, ParamRecord]) -> "VariantRecord":
         """Raises ValueError (unknown record version) or KeyError/TypeError (malformed).
-        `memo`: see ParamRecord.from_json."""
-        version = data["record_version"]
-        if version != RECORD_VERSION:
-            raise ValueError(
-                f"record version {version!r}; this rose-aot reads version {RECORD_VERSION}"
-            )
+        `params`: the point's parameters by name (PointRecord.from_json)."""
+        _check_version(data)
         constants = data["constants"]
-        resources = data["resources"]
-        if not isinstance(constants, dict) or not isinstance(resources, dict):
-            raise TypeError("constants and resources must be objects")
+        if not isinstance(constants, dict):
+            raise TypeError("constants must be an object")
+        entries = tuple([str(e) for e in _list(data["entries"])])
+        resources = _list(data["resources"])
+        if len(resources) != len(entries) or not all(type(r) is dict for r in resources):
+            raise ValueError("resources must be an object per entry")
+        names = _list(data["params"])
+        if not all(type(n) is str for n in names):
+            raise TypeError("a variant's params are the names of the point's parameters")
         return cls(
             str(data["name"]),
-            tuple([str(e) for e in _list(data["entries"])]),
+            entries,
             _dims(data["block"]),
             _dims(data["cluster"]),
             _int(data["smem"]),
             _bool(data["cooperative"]),
             _int(data["pdl"]),
-            tuple([ParamRecord.from_json(p, memo) for p in _list(data["params"])]),
+            tuple([params[n] for n in names]),
             dict(constants),
-            dict(resources),
+            dict(zip(entries, resources)),
             str(data["cubin_sha256"]),
             str(data["ptx_sha256"]),
         )
@@ -212,23 +218,44 @@ class PointRecord:
         return {v.name: v for v in self.variants}
 
     def to_json(self) -> dict:
+        params: dict[str, ParamRecord] = {}  # every variant's, once, in first-use order
+        for v in self.variants:
+            for p in v.params:
+                if params.setdefault(p.name, p) != p:
+                    raise ValueError(f"variants pack parameter {p.name!r} in two ways")
         return {
             "args": [a.to_json() for a in self.args],
             "workspace": [a.to_json() for a in self.workspace],
+            "params": [p.to_json() for p in params.values()],
             "variants": [v.to_json() for v in self.variants],
         }
 
     @classmethod
     def from_json(cls, data: dict, memo: dict | None = None) -> "PointRecord":
         """`memo`: one dict for every record of an index (see ParamRecord.from_json)."""
+        raw_variants = _list(data["variants"])
+        for v in raw_variants:  # an old record is refused as such, not as malformed
+            _check_version(v)
         workspace = tuple([arg_from_json(a) for a in _list(data["workspace"])])
         if not all(isinstance(a, TensorArg) and a.role == "workspace" for a in workspace):
             raise ValueError("workspace entries must be tensors with role 'workspace'")
-        variants = tuple([VariantRecord.from_json(v, memo) for v in _list(data["variants"])])
+        params = {}
+        for p in _list(data["params"]):
+            param = ParamRecord.from_json(p, memo)
+            if param.name in params:
+                raise ValueError(f"parameter names repeat: {param.name!r}")
+            params[param.name] = param
+        variants = tuple([VariantRecord.from_json(v, params) for v in raw_variants])
         names = [v.name for v in variants]
         if len(set(names)) != len(names):
             raise ValueError(f"variant names repeat: {names}")
         return cls(tuple([arg_from_json(a) for a in _list(data["args"])]), workspace, variants)
+
+
+def _check_version(variant: Any) -> None:
+    version = variant["record_version"]
+    if version != RECORD_VERSION:
+        raise ValueError(f"record version {version!r}; this rose-aot reads version {RECORD_VERSION}")
 
 
 def _list(value: Any) -> list:

@@ -70,17 +70,16 @@ def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBun
     `rose-aot verify` and KernelBundle(reader) check every artifact at once."""
     reader = BundleReader.open(path)
     check_signature(reader, trusted_keys)
-    check_kernel_index(reader.index, reader.path)
     return KernelBundle(reader, use_ptx=use_ptx, check_artifacts=False)
 
 
 class KernelBundle:
     """The kernels of one verified bundle, loaded per device on demand.
 
-    Construction checks every (point, arch) of the index: its config and key, its record (read
-    strictly), that the artifacts it names are in the bundle with the record's sha256, that
-    each parameter is the packing of its argument, and that this rose-aot's plan can launch
-    from it. With `check_artifacts` (the default; `rose-aot verify`) it also decompresses every
+    Construction checks the index's JSON types and record version (check_kernel_index), then
+    every (point, arch) of the index: its config and key, its record (read strictly), that the
+    artifacts it names are in the bundle with the record's sha256, that each parameter is the
+    packing of its argument, and that this rose-aot's plan can launch from it. With `check_artifacts` (the default; `rose-aot verify`) it also decompresses every
     artifact a load would hand the driver, checks its sha256 and, for a cubin, its entries,
     block size and parameter sizes against the record. Without it (open_bundle), that check
     runs at the artifact's first load, in verified_image(): no artifact reaches the driver
@@ -95,6 +94,7 @@ class KernelBundle:
         index = reader.index
         if index.get("kind") != BUNDLE_KIND:
             raise BundleError(f"{self.path}: not a rose-aot kernel bundle (kind {index.get('kind')!r})")
+        check_kernel_index(index, self.path)
         self.index = index
         # blob name -> sha256 of its decompressed bytes, what each record must name
         self._raw_digests = reader.raw_digests()
