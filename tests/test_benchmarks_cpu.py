@@ -333,3 +333,24 @@ def test_preload_probe_cpu_breakdown_times_open_and_verification_without_a_gpu(s
         assert phases[name] > 0, name
     assert phases["cuModuleLoadData"] == phases["cuModuleGetFunction"] == 0  # no driver
     assert "capability_ms" not in row and row["open_ms"] > 0 and row["load_ms"] > 0
+
+
+@pytest.mark.parametrize("side, message", [
+    ("nowhere:b.rosebundle", "is not TREE:BUNDLE"),
+    (".", "is not TREE:BUNDLE"),
+    (".:no-such.rosebundle", "is not TREE:BUNDLE"),
+])
+def test_warmup_ab_refuses_a_side_it_cannot_run_before_any_process(side, message, tmp_path):
+    import subprocess
+
+    bundle = tmp_path / "b.rosebundle"
+    bundle.write_bytes(b"")
+    good = f"{ROOT}:{bundle}"
+    for args in (["--a", side, "--b", good], ["--a", good, "--b", side]):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warmup_ab.py"),
+                              *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warmup_ab.py"),
+                          "--a", good, "--b", good, "--repeats", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--repeats must be >= 1" in run.stderr
