@@ -291,6 +291,8 @@ def test_stored_blobs_are_framed_uncompressed(tmp_path):
     assert again.read_bytes() == stored.read_bytes()
     with pytest.raises(BundleError, match="does not have: \\['b.cubin'\\]"):
         write_bundle(tmp_path / "x.rab", INDEX, blobs, stored={"b.cubin"})
+    with pytest.raises(BundleError, match="a set of blob names \\(got str 'a.cubin'\\)"):
+        write_bundle(tmp_path / "x.rab", INDEX, blobs, stored="a.cubin")
     assert not (tmp_path / "x.rab").exists()
 
 

@@ -146,6 +146,10 @@ def _encode_bundle(index: dict, blobs: dict[str, bytes],
                 f"{MAX_BLOB_BYTES} (MAX_BLOB_BYTES); split it"
             )
 
+    if not isinstance(stored, (set, frozenset, list, tuple)):
+        raise BundleError(
+            f"stored must be a set of blob names (got {type(stored).__name__} {_short(stored)})"
+        )
     unknown = sorted(set(stored) - set(blobs), key=str)
     if unknown:
         raise BundleError(f"stored names blobs the bundle does not have: {_short(unknown)}")
