@@ -29,12 +29,20 @@ def _side(text: str) -> tuple[str, str]:
     return os.path.abspath(tree), os.path.abspath(bundle)
 
 
+def _out_file(text: str) -> str:
+    """--out, checked before any process runs: a file in an existing folder."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file that can be written")
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--a", type=_side, required=True, help="TREE:BUNDLE of the baseline")
     parser.add_argument("--b", type=_side, required=True, help="TREE:BUNDLE of the change")
     parser.add_argument("--repeats", type=int, default=8, help="cold processes per version")
-    parser.add_argument("--out", help="also write every run as JSON to this file")
+    parser.add_argument("--out", type=_out_file, help="also write every run as JSON to this file")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")

@@ -170,9 +170,8 @@ class VariantRecord:
 
     @classmethod
     def from_json(cls, data: dict, params: dict[str, ParamRecord]) -> "VariantRecord":
-        """Raises ValueError (unknown record version) or KeyError/TypeError (malformed).
-        `params`: the point's parameters by name (PointRecord.from_json)."""
-        _check_version(data)
+        """Raises KeyError/TypeError/ValueError (malformed). `params`: the point's parameters by
+        name. Read through PointRecord.from_json, which checks the record version first."""
         constants = data["constants"]
         if not isinstance(constants, dict):
             raise TypeError("constants must be an object")
