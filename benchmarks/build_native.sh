@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Build the loader's C hot path (rose_aot/loader/_native.c) in place for another CPython
-# version than the one `pip install -e .` built it for: the GPU machine runs CPython 3.12 from
-# a copy of this tree, with no compiler step of its own. The .so is git-ignored; carry it.
+# Build the C extensions (rose_aot/loader/_native.c, rose_aot/bundle/_fastread.c) in place for
+# another CPython version than the one `pip install -e .` built them for: the GPU machine runs
+# CPython 3.12 from a copy of this tree, with no compiler step of its own. The .so files are
+# git-ignored; carry them.
 #
-#   bash benchmarks/build_native.sh 3.12        # -> rose_aot/loader/_native.cpython-312-*.so
+#   bash benchmarks/build_native.sh 3.12   # -> rose_aot/{loader/_native,bundle/_fastread}.cpython-312-*.so
 #
 # Needs that CPython (python3.12 on PATH, or under pyenv) with its headers, and a C compiler.
 set -euo pipefail
@@ -19,7 +20,9 @@ fi
 [ -n "$python" ] || { echo "build_native.sh: no python$version found (PATH or pyenv)" >&2; exit 1; }
 read -r include suffix < <("$python" -c "import sysconfig as s; print(s.get_paths()['include'], s.get_config_var('EXT_SUFFIX'))")
 [ -f "$include/Python.h" ] || { echo "build_native.sh: $python has no headers ($include/Python.h)" >&2; exit 1; }
-out="rose_aot/loader/_native$suffix"
-"${CC:-cc}" -O2 -Wall -Wextra -Wno-unused-parameter -Wno-cast-function-type \
-    -Wno-missing-field-initializers -fPIC -shared -I"$include" rose_aot/loader/_native.c -o "$out"
-echo "built $out with $python"
+for source in rose_aot/loader/_native.c rose_aot/bundle/_fastread.c; do
+    out="${source%.c}$suffix"
+    "${CC:-cc}" -O2 -Wall -Wextra -Wno-unused-parameter -Wno-cast-function-type \
+        -Wno-missing-field-initializers -fPIC -shared -I"$include" "$source" -o "$out"
+    echo "built $out with $python"
+done

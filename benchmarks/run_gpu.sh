@@ -9,7 +9,7 @@
 #   rose-aot build benchmarks/manifests/moe_fp8.toml -o build/bench-moe-fp8.rosebundle  # CPU
 #   rose-aot build benchmarks/manifests/act_quant.toml -o build/bench-act-quant.rosebundle  # CPU
 #   python benchmarks/warmup.py build-side build/models manifests/*.toml              # CPU
-#   bash benchmarks/build_native.sh 3.12   # the loader's C hot path for the GPU's CPython  # CPU
+#   bash benchmarks/build_native.sh 3.12   # the C extensions for the GPU's CPython          # CPU
 #   bash benchmarks/run_gpu.sh STEP...                                                 # GPU
 #
 # STEP: tests | concurrency | sanitizer | norms | norms_wide | moe | moe_sweep | moe_fp8 | act_quant |
@@ -46,9 +46,11 @@ fi
 export PYTHONPATH="/tmp/site:$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 # Which hot path the loader runs here: C (rose_aot/loader/_native.c, carried as a built .so)
-# or the generated Python.
+# or the generated Python; and which index and cubin reader (rose_aot/bundle/_fastread.c).
 python3 -c "from rose_aot.loader import driver; print('loader hot path:', 'C' if driver.native()
-else 'Python (no rose_aot.loader._native for this CPython)', driver.launch_api())" \
+else 'Python (no rose_aot.loader._native for this CPython)', driver.launch_api())
+from rose_aot.bundle import cubin; print('index and cubin reader:', 'C' if cubin._fastread
+else 'Python (no rose_aot.bundle._fastread for this CPython)')" \
     | tee -a "$OUT/gpu.txt"
 status=0
 for step in "$@"; do

@@ -92,18 +92,23 @@ def _print_version(ctx, _param, value):
         return
     from importlib.metadata import version
 
+    from .bundle import cubin
     from .loader import driver
 
     hot = ("C (rose_aot.loader._native)" if driver.native() is not None
            else "Python (rose_aot.loader._native is not built for this interpreter)")
-    click.echo(f"rose-aot, version {version('rose-aot')}\nloader hot path: {hot}")
+    reader = ("C (rose_aot.bundle._fastread)" if cubin._fastread is not None
+              else "Python (rose_aot.bundle._fastread is not built for this interpreter)")
+    click.echo(f"rose-aot, version {version('rose-aot')}\nloader hot path: {hot}\n"
+               f"index and cubin reader: {reader}")
     ctx.exit()
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True,
               callback=_print_version,
-              help="Show the version and which hot path the loader runs (C or Python), and exit.")
+              help="Show the version, which hot path the loader runs and which index and cubin "
+                   "reader (C or Python), and exit.")
 def main():
     """Ahead-of-time CuTeDSL kernel bundles for LLM inference.
 

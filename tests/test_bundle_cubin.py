@@ -1,7 +1,10 @@
 """read_cubin against the reference implementation it replaced (kept below as it was, a
 straightforward reading of the ELF): the same facts for every cubin of the shipped build, and
 the same facts or the same ValueError for thousands of damaged copies (bytes flipped, the
-file cut, section headers and .nv.info records rewritten), never another exception."""
+file cut, section headers and .nv.info records rewritten), never another exception. Both
+readers: the Python one (read_cubin_python, the definition) and read_cubin through the C
+extension (rose_aot.bundle._fastread), which must read every shipped cubin itself and decline,
+never misread, what it does not read."""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import struct
 import pytest
 
 from rose_aot.bundle import BundleReader
-from rose_aot.bundle.cubin import CubinEntry, read_cubin
+from rose_aot.bundle import cubin as cubin_module
+from rose_aot.bundle.cubin import CubinEntry, read_cubin, read_cubin_python
 from rose_aot.bundle.cubin import (  # constants and the string helper: unchanged by the rewrite
     _EIATTR_CBANK_PARAM_SIZE,
     _EIATTR_KPARAM_INFO,
@@ -131,10 +135,17 @@ def cubins(shipped_build):
     return [reader.blob(n) for n in reader.blob_names() if n.endswith(".cubin")]
 
 
-def test_same_facts_as_the_reference_for_every_shipped_cubin(cubins):
+needs_fastread = pytest.mark.skipif(cubin_module._fastread is None,
+                                    reason="the C extension rose_aot.bundle._fastread is not built")
+READERS = [pytest.param(read_cubin_python, id="python"),
+           pytest.param(read_cubin, id="fastread", marks=needs_fastread)]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_same_facts_as_the_reference_for_every_shipped_cubin(cubins, reader):
     assert len(cubins) >= 20
     for data in cubins:
-        got = _facts(read_cubin, data)
+        got = _facts(reader, data)
         assert got[0] == "ok" and got == _facts(_reference_read_cubin, data)
         entries = got[1]
         assert entries and all(params for _, _, _, params, *_ in entries.values())
@@ -169,13 +180,104 @@ def _mutations(data: bytes, rng: random.Random):
         yield bytes(out)
 
 
-def test_same_facts_or_error_as_the_reference_for_damaged_cubins(cubins):
+@pytest.mark.parametrize("reader", READERS)
+def test_same_facts_or_error_as_the_reference_for_damaged_cubins(cubins, reader):
     rng = random.Random(20261130)
     compared = errors = 0
     for data in cubins[:40]:
         for damaged in _mutations(data, rng):
             want = _facts(_reference_read_cubin, damaged)  # any other exception fails here
-            assert _facts(read_cubin, damaged) == want
+            assert _facts(reader, damaged) == want
             compared += 1
             errors += want[0] == "ValueError"
     assert compared >= 800 and errors >= compared // 10  # both outcomes well covered
+
+
+def _native_facts(data):
+    facts = cubin_module._fastread.cubin_facts(data)
+    if facts is None:
+        return None
+    return ("ok", {name: (name, reqntid, maxntid, sorted(params), param_bytes, registers, smem)
+                   for name, (reqntid, maxntid, params, param_bytes, registers, smem)
+                   in facts.items()})
+
+
+@needs_fastread
+def test_the_c_reader_reads_every_shipped_cubin_and_declines_what_is_damaged(cubins):
+    """The C reader must read the DSL's cubins itself (else it saves nothing), give exactly the
+    Python reader's facts, and decline (None) wherever the Python reader raises: a damaged
+    copy it misread would reach the record check with wrong facts."""
+    for data in cubins:
+        assert _native_facts(data) == _facts(read_cubin_python, data)
+    rng = random.Random(7)
+    read = declined = 0
+    for data in cubins[:40]:
+        for damaged in _mutations(data, rng):
+            got = _native_facts(damaged)
+            want = _facts(read_cubin_python, damaged)
+            if got is None:
+                declined += 1
+            else:
+                assert got == want and want[0] == "ok"
+                read += 1
+    assert read >= 100 and declined >= 100  # both outcomes well covered
+
+
+def _rename_sections(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert len(old) == len(new)
+    assert data.count(old) >= 1
+    return data.replace(old, new)
+
+
+@needs_fastread
+def test_the_c_reader_declines_shapes_it_does_not_read_and_python_reads_them(cubins):
+    data = next(d for d in cubins if len(read_cubin_python(d)) == 1)
+    (entry,) = read_cubin_python(data)
+    # A name outside ASCII: Python decodes it with a replacement character.
+    name = entry.encode()
+    odd = name[:-1] + b"\xe9"
+    renamed = _rename_sections(data, name, odd)
+    assert cubin_module._fastread.cubin_facts(renamed) is None
+    assert list(read_cubin(renamed)) == [odd.decode("ascii", errors="replace")]
+    # Section header entries of another size than Elf64_Shdr.
+    wide = bytearray(data)
+    struct.pack_into("<H", wide, 0x3A, 72)
+    assert cubin_module._fastread.cubin_facts(bytes(wide)) is None
+    assert _facts(read_cubin, bytes(wide)) == _facts(read_cubin_python, bytes(wide))
+    # Not a bytes-like object: a TypeError, as the Python reader's bytes() gives.
+    with pytest.raises(TypeError):
+        cubin_module._fastread.cubin_facts("not bytes")
+
+
+@needs_fastread
+def test_the_c_reader_declines_more_entries_than_it_tracks():
+    """65 .text.<entry> sections (the C reader tracks 64 by linear lookup): declined, and the
+    Python reader reads all 65."""
+    names = [f".text.k{i}".encode() for i in range(65)]
+    strtab = b"\0" + b"\0".join(names) + b"\0"
+    offsets, pos = [], 1
+    for n in names:
+        offsets.append(pos)
+        pos += len(n) + 1
+    shnum = 1 + 1 + len(names)  # null section, .shstrtab, the entries
+    shoff = 64 + len(strtab)
+    shstrtab_name = len(strtab)  # ".shstrtab" appended below
+    strtab += b".shstrtab\0"
+    shoff = 64 + len(strtab)
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 0x28, shoff)
+    struct.pack_into("<HHH", header, 0x3A, 64, shnum, 1)
+    section = struct.Struct("<IIQQQQIIQQ")
+    table = section.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    table += section.pack(shstrtab_name, 3, 0, 0, 64, len(strtab), 0, 0, 1, 0)
+    for offset in offsets:
+        table += section.pack(offset, 1, 0, 0, 0, 0, 0, 0, 1, 0)
+    data = bytes(header) + strtab + table
+    assert cubin_module._fastread.cubin_facts(data) is None
+    assert len(read_cubin(data)) == 65
+    # 64 of them: read by C, the same as Python.
+    fewer = bytearray(data)
+    struct.pack_into("<H", fewer, 0x3C, shnum - 1)
+    assert _native_facts(bytes(fewer)) == _facts(read_cubin_python, bytes(fewer))
+    assert len(read_cubin(bytes(fewer))) == 64

@@ -527,8 +527,21 @@ def _bad_indexes() -> list[tuple[str, bytes, str]]:
 BAD_INDEXES = _bad_indexes()
 
 
+@pytest.fixture(params=["fastread", "python"])
+def index_hook(request, monkeypatch):
+    """Read indexes through the C object hook (where built) or the Python one alone: both must
+    accept the same indexes and refuse the others with the same message."""
+    from rose_aot.bundle import format as format_module
+
+    if request.param == "python":
+        monkeypatch.setattr(format_module, "_fastread", None)
+    elif format_module._fastread is None:
+        pytest.skip("the C extension rose_aot.bundle._fastread is not built")
+    return request.param
+
+
 @pytest.mark.parametrize("case, data, match", BAD_INDEXES, ids=[c[0] for c in BAD_INDEXES])
-def test_hand_crafted_bad_index(case, data, match):
+def test_hand_crafted_bad_index(case, data, match, index_hook):
     with pytest.raises(BundleError, match=match or None) as info:
         BundleReader.from_bytes(data, path="evil.rab")
     msg = str(info.value)
@@ -536,7 +549,7 @@ def test_hand_crafted_bad_index(case, data, match):
     assert len(msg) < 600, "messages quote hostile values only in part"
 
 
-def test_other_spellings_of_the_same_index_mean_the_same():
+def test_other_spellings_of_the_same_index_mean_the_same(index_hook):
     """The reader refuses what could mean two things (a key twice, a float another reader may
     round otherwise); whitespace and escape spellings mean one thing to every JSON reader, so
     they open, with the index write_bundle's spelling gives."""
@@ -548,6 +561,38 @@ def test_other_spellings_of_the_same_index_mean_the_same():
     reader = BundleReader.from_bytes(assemble(spelled.encode(), region))
     assert reader.index == {"n": "A\u00e9", "x": [1, -0.5]}
     assert reader.blob("a") == b"payload"
+
+
+def test_the_c_object_hook_accepts_exactly_what_the_python_hook_accepts():
+    """sorted_object (C) against _sorted_object: the same dict, or both refuse, on random
+    objects whose keys are sorted, unsorted, repeated, empty, or differ past ASCII."""
+    from rose_aot.bundle import format as format_module
+
+    fast = format_module._fastread
+    if fast is None:
+        pytest.skip("the C extension rose_aot.bundle._fastread is not built")
+    rng = random.Random(11)
+    alphabet = ["", "a", "b", "ab", "B", "a\u00e9", "\u00e9", "\U0001f600", "a\0", "aa"]
+    accepted = refused = 0
+    for _ in range(4000):
+        keys = [rng.choice(alphabet) for _ in range(rng.randrange(5))]
+        if rng.random() < 0.5:
+            keys = sorted(set(keys))
+        pairs = [(k, rng.randrange(3)) for k in keys]
+        try:
+            want = format_module._sorted_object(list(pairs))
+        except ValueError:
+            want = ValueError
+        try:
+            got = fast.sorted_object(list(pairs))
+        except ValueError:
+            got = ValueError
+        assert got == want and (got is ValueError or list(got) == list(want)), pairs
+        accepted += got is not ValueError
+        refused += got is ValueError
+    assert accepted > 1000 and refused > 500
+    with pytest.raises(TypeError):
+        fast.sorted_object(((("a", 1),)))  # a tuple, not json's list
 
 
 def test_bad_index_cases_are_really_consistent():

@@ -271,3 +271,18 @@ def test_version_names_the_loader_hot_path(monkeypatch, built):
     assert result.stdout.startswith("rose-aot, version ")
     want = "loader hot path: C" if built else "loader hot path: Python (rose_aot.loader._native"
     assert want in result.stdout
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_version_names_the_index_and_cubin_reader(monkeypatch, built):
+    from rose_aot.bundle import cubin
+
+    if not built:
+        monkeypatch.setattr(cubin, "_fastread", None)
+    elif cubin._fastread is None:
+        pytest.skip("rose_aot.bundle._fastread is not built")
+    result = run("--version")
+    assert result.exit_code == 0
+    want = ("index and cubin reader: C (rose_aot.bundle._fastread)" if built
+            else "index and cubin reader: Python (rose_aot.bundle._fastread is not built")
+    assert want in result.stdout

@@ -50,6 +50,7 @@ from collections import OrderedDict
 import zstandard
 
 from ..errors import BundleError
+from .cubin import _fastread  # the C extension (None where not built)
 
 __all__ = [
     "MAGIC",
@@ -598,6 +599,21 @@ def _decode_index(path: str, index_bytes: bytes | memoryview) -> dict:
     # parsed index and comparing bytes (the check before, half again the parse time) refused
     # besides only spellings of the same value (whitespace, "\u0041" for "A", an int's
     # leading "-" on zero), which change nothing a reader sees.
+    # The C object hook (rose_aot.bundle._fastread, where built) accepts exactly what
+    # _sorted_object accepts, without its reasons: an index it refuses is parsed again with
+    # the Python hook, which raises the precise error.
+    if _fastread is not None:
+        try:
+            body = json.loads(
+                text,
+                object_pairs_hook=_fastread.sorted_object,
+                parse_float=_canonical_float,
+                parse_constant=_reject_constant,
+            )
+        except (ValueError, RecursionError):
+            pass
+        else:
+            return _check_index_body(path, body)
     try:
         body = json.loads(
             text,
@@ -626,6 +642,10 @@ def _decode_index(path: str, index_bytes: bytes | memoryview) -> dict:
         ) from exc
     except (ValueError, RecursionError) as exc:
         raise _invalid_json(path, exc) from exc
+    return _check_index_body(path, body)
+
+
+def _check_index_body(path: str, body: object) -> dict:
     if not isinstance(body, dict):
         raise _damaged(path, f"the index is a JSON {type(body).__name__}, not an object")
     if _BLOBS_KEY not in body:
