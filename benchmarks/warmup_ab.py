@@ -8,7 +8,8 @@ The host's own speed drifts from call to call (DeepSeek-V3's open + preload meas
 17.3 ms in the same week on the same machine kind), so a change to the warmup is judged only
 against its baseline measured in the same run, alternating. A TREE is a folder holding the
 `rose_aot` package (a git worktree of the old commit; its C hot path is optional). Prints a
-table of medians; --out writes every run as JSON.
+table of medians; --out writes every run as JSON. --a-threads / --b-threads compare ways of
+preloading (preload(threads=N)) on one tree.
 """
 
 from __future__ import annotations
@@ -37,10 +38,21 @@ def _out_file(text: str) -> str:
     return text
 
 
+def _threads(text: str) -> str:
+    """--a-threads / --b-threads: a positive int, passed to the probe as text."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of threads")
+    return str(int(text))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--a", type=_side, required=True, help="TREE:BUNDLE of the baseline")
     parser.add_argument("--b", type=_side, required=True, help="TREE:BUNDLE of the change")
+    parser.add_argument("--a-threads", type=_threads, metavar="N",
+                        help="preload(threads=N) for A (default: preload()'s own default)")
+    parser.add_argument("--b-threads", type=_threads, metavar="N",
+                        help="preload(threads=N) for B (default: preload()'s own default)")
     parser.add_argument("--repeats", type=int, default=8, help="cold processes per version")
     parser.add_argument("--out", type=_out_file, help="also write every run as JSON to this file")
     args = parser.parse_args()
@@ -58,7 +70,8 @@ def main() -> None:
             tree, bundle = getattr(args, name)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, *inherited]))
             # argv: bundle, context first ("1"), preload threads ("" = preload()'s default)
-            done = subprocess.run([sys.executable, "-c", _GPU_PROBE, bundle, "1", ""],
+            threads = getattr(args, f"{name}_threads") or ""
+            done = subprocess.run([sys.executable, "-c", _GPU_PROBE, bundle, "1", threads],
                                   capture_output=True, text=True, env=env, cwd=tree)
             if done.returncode:
                 last = (done.stderr.strip().splitlines() or ["?"])[-1]
@@ -70,16 +83,18 @@ def main() -> None:
                   f"{row['preload_ms']:.2f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"a": args.a, "b": args.b, "runs": runs}, f, indent=1)
+            json.dump({"a": args.a, "b": args.b, "a_threads": args.a_threads or "default",
+                   "b_threads": args.b_threads or "default", "runs": runs}, f, indent=1)
     print(f"\nmedians of {args.repeats} cold processes per version, alternating (ms)")
-    print("| version | tree | bundle | open + verify | preload | open + preload |")
-    print("|---|---|---|---|---|---|")
+    print("| version | tree | bundle | preload threads | open + verify | preload | open + preload |")
+    print("|---|---|---|---|---|---|---|")
     for name in ("a", "b"):
         tree, bundle = getattr(args, name)
+        threads = getattr(args, f"{name}_threads") or "default"
         med = {k: statistics.median(r[k] for r in runs[name])
                for k in ("open_verify_ms", "preload_ms", "total_ms")}
-        print(f"| {name} | {tree} | {os.path.basename(bundle)} | {med['open_verify_ms']:.2f} | "
-              f"{med['preload_ms']:.2f} | {med['total_ms']:.2f} |")
+        print(f"| {name} | {tree} | {os.path.basename(bundle)} | {threads} | "
+              f"{med['open_verify_ms']:.2f} | {med['preload_ms']:.2f} | {med['total_ms']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -354,6 +354,11 @@ def test_warmup_ab_refuses_a_side_it_cannot_run_before_any_process(side, message
                           "--a", good, "--b", good, "--repeats", "0"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--repeats must be >= 1" in run.stderr
+    for threads in ("0", "-1", "two", ""):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warmup_ab.py"),
+                              "--a", good, "--b", good, "--b-threads", threads],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and "is not a positive number of threads" in run.stderr
     for out in (tmp_path, tmp_path / "missing" / "runs.json"):  # refused before any process
         run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warmup_ab.py"),
                               "--a", good, "--b", good, "--out", str(out)],

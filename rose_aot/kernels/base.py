@@ -9,6 +9,7 @@ and tests import.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -45,14 +46,26 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
+@functools.cache
+def _config_fields(config_class: type) -> tuple[tuple[dataclasses.Field, str, bool], ...]:
+    """Per config class, once (a serving process converts every point's config at open):
+    each field with its type's name without "| None", and whether None is allowed."""
+    out = []
+    for f in dataclasses.fields(config_class):
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        out.append((f, kind.replace(" | None", ""), "None" in kind))
+    return tuple(out)
+
+
 def point_key(family: str, config: Any) -> str:
     """Canonical, human-readable name of a kernel point, e.g. ``qk_norm(head_dim=128,...)``."""
-    parts = [f"{f.name}={_format_value(getattr(config, f.name))}" for f in dataclasses.fields(config)]
+    parts = [f"{f.name}={_format_value(getattr(config, f.name))}"
+             for f, _, _ in _config_fields(type(config))]
     return f"{family}({','.join(parts)})"
 
 
 def config_json(config: Any) -> dict:
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return {f.name: getattr(config, f.name) for f, _, _ in _config_fields(type(config))}
 
 
 def config_digest(family: str, config: Any) -> str:
@@ -77,39 +90,46 @@ class KernelFamily:
     # --- config -----------------------------------------------------------------------------
     def make_config(self, **values) -> Any:
         """Build a validated config from user values (manifest fields, lookup keywords)."""
-        fields = {f.name: f for f in dataclasses.fields(self.Config)}
-        for key in values:
-            if key not in fields:
-                raise ConfigError(
-                    self.name, key, f"unknown field; {self.name} has: {', '.join(fields)}"
-                )
+        fields = _config_fields(self.Config)
+        if len(values) > len(fields) or not all(f.name in values for f, _, _ in fields):
+            names = [f.name for f, _, _ in fields]
+            for key in values:
+                if key not in names:
+                    raise ConfigError(
+                        self.name, key, f"unknown field; {self.name} has: {', '.join(names)}"
+                    )
         kwargs = {}
-        for name, f in fields.items():
-            if name in values:
-                kwargs[name] = self._coerce(f, values[name])
+        for f, kind, optional in fields:
+            if f.name in values:
+                kwargs[f.name] = self._coerce(f, kind, optional, values[f.name])
             elif f.default is dataclasses.MISSING:
                 choices = f.metadata.get("choices")
                 hint = f"; one of {', '.join(map(repr, choices))}" if choices else ""
-                raise ConfigError(self.name, name, f"missing (required){hint}")
+                raise ConfigError(self.name, f.name, f"missing (required){hint}")
         config = self.Config(**kwargs)
         self.validate(config)
         return config
 
-    def _coerce(self, f: dataclasses.Field, value: Any) -> Any:
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
-        ok = {
-            "int": isinstance(value, int) and not isinstance(value, bool),
-            "bool": isinstance(value, bool),
-            "str": isinstance(value, str),
-            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        }.get(kind.replace(" | None", ""), True)
-        if value is None and "None" in kind:
+    def _coerce(self, f: dataclasses.Field, kind: str, optional: bool, value: Any) -> Any:
+        """`value` for field `f` (of type `kind`, None allowed if `optional`), checked."""
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = True
+        if value is None and optional:
             ok = True
         if not ok:
+            shown = f"{kind} | None" if optional else kind
             raise ConfigError(
-                self.name, f.name, f"expected {kind}, got {type(value).__name__} {value!r}"
+                self.name, f.name, f"expected {shown}, got {type(value).__name__} {value!r}"
             )
-        if kind == "float" and value is not None:
+        if kind == "float" and not optional:
             try:
                 value = float(value) + 0.0  # + 0.0 folds -0.0 into 0.0: one config, one key
             except OverflowError:

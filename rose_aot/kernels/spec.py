@@ -185,27 +185,32 @@ class ScalarArg:
 Arg = TensorArg | ScalarArg
 
 
+def _integer(v) -> int:
+    if type(v) is int:  # what a JSON integer is (bool is a subclass: refused below)
+        return v
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected an integer, got {type(v).__name__}")
+    return v
+
+
+def _dims_from_json(values) -> tuple:
+    if not isinstance(values, list):
+        raise TypeError(f"expected a list of extents, got {type(values).__name__}")
+    out = []
+    for v in values:
+        if type(v) is int:
+            out.append(v)
+        elif isinstance(v, list):
+            if len(v) != 3 or not isinstance(v[0], str):
+                raise ValueError(f"a dynamic extent is [name, width, divisibility], got {v!r}")
+            out.append(Dim(v[0], _integer(v[1]), _integer(v[2])))
+        else:
+            out.append(_integer(v))
+    return tuple(out)
+
+
 def arg_from_json(data: dict) -> Arg:
     """The inverse of ``to_json``; raises KeyError/TypeError/ValueError on malformed data."""
-
-    def integer(v):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"expected an integer, got {type(v).__name__}")
-        return v
-
-    def dims(values):
-        if not isinstance(values, list):
-            raise TypeError(f"expected a list of extents, got {type(values).__name__}")
-        out = []
-        for v in values:
-            if isinstance(v, list):
-                if len(v) != 3 or not isinstance(v[0], str):
-                    raise ValueError(f"a dynamic extent is [name, width, divisibility], got {v!r}")
-                out.append(Dim(v[0], integer(v[1]), integer(v[2])))
-            else:
-                out.append(integer(v))
-        return tuple(out)
-
     if data["kind"] == "scalar":
         return ScalarArg(str(data["name"]), str(data["dtype"]), str(data["role"]))
     if data["kind"] != "tensor":
@@ -213,8 +218,8 @@ def arg_from_json(data: dict) -> Arg:
     return TensorArg(
         str(data["name"]),
         str(data["dtype"]),
-        dims(data["shape"]),
-        dims(data["stride"]),
+        _dims_from_json(data["shape"]),
+        _dims_from_json(data["stride"]),
         int(data["align"]),
         str(data["role"]),
         str(data.get("layout", "")),
