@@ -84,7 +84,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"a": args.a, "b": args.b, "a_threads": args.a_threads or "default",
-                   "b_threads": args.b_threads or "default", "runs": runs}, f, indent=1)
+                       "b_threads": args.b_threads or "default", "runs": runs}, f, indent=1)
     print(f"\nmedians of {args.repeats} cold processes per version, alternating (ms)")
     print("| version | tree | bundle | preload threads | open + verify | preload | open + preload |")
     print("|---|---|---|---|---|---|---|")
