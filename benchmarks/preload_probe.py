@@ -7,8 +7,7 @@ For one bundle, in fresh processes (torch imported and its CUDA context made fir
 serving process), each of these ways to load every sm_90a variant, the ways alternating over
 the processes so that a drift of the machine touches each alike:
 
-  preload         KernelBundle.preload(0), as shipped (PRELOAD_THREADS: helper threads verify
-                  the artifacts ahead while the calling thread loads them)
+  preload         KernelBundle.preload(0), as shipped (PRELOAD_THREADS threads; see there)
   preload_serial  KernelBundle.preload(0, threads=1): verify and load in turn, one thread
   library         verify every artifact first (verify_ms), then only the driver calls of
                   context-independent libraries (cuLibraryLoadData, cuLibraryGetKernel,

@@ -32,24 +32,24 @@ from . import driver
 from .args import ArgBinder, ParamPacker
 
 __all__ = ["KernelBundle", "KernelHandle", "open_bundle", "PRELOAD_THREADS",
-           "PRELOAD_PIPELINE_MIN", "PRELOAD_LOOKAHEAD"]
+           "PRELOAD_LOOKAHEAD"]
 
 BUNDLE_KIND = "rose-aot kernel bundle"
 _REBUILD = "rebuild the bundle with `rose-aot build`"
-# Threads of preload() unless told, for a load of at least PRELOAD_PIPELINE_MIN variants: one
-# helper verifies artifacts (zstd and sha256 run without the GIL) while the calling thread loads
-# them (cuda.bindings releases the GIL in driver calls). Smaller loads stay on the calling
-# thread, where the helper's start and hand-overs cost more than the overlap saves. Measured
-# (DeepSeek-V3: 45 variants; the other shipped models: 6-17): DeepSeek-V3's preload took 8.86
-# and 6.87 ms against 12.35 and 9.03 with one thread (benchmarks/results/preload-probe-2xh200.log,
-# preload-probe-final-2xh200.log), 8.02 against 8.21 in a warmup run, where the models of 6-17
-# variants took 0.1-0.7 ms longer with the helper in 8 of 9
-# (benchmarks/results/warmup-threads-2xh200.log). More loading threads do not help: the
-# driver's module loads into one context do not overlap (14.24 / 14.98 / 17.53 ms with 1 / 2 /
-# 8 threads each verifying and loading, the library loader,
+# Threads of preload() unless told: the calling thread verifies and loads each variant in turn.
+# With `threads` > 1, helpers verify artifacts ahead (zstd and sha256 run without the GIL)
+# while the calling thread loads them. That paid while the cubin checks were Python (DeepSeek-V3,
+# 45 variants: 8.86 and 6.87 ms against 12.35 and 9.03 with one thread,
+# benchmarks/results/preload-probe-2xh200.log, preload-probe-final-2xh200.log, so helpers were
+# the default from 32 variants); since the C reader (rose_aot/bundle/_fastread.c) makes the
+# verification mostly sha256, the hand-overs between the threads cost what the overlap saves:
+# 5.26 ms with the helper against 5.16 with one thread, 6.04 with two helpers against 5.40
+# (warmup_ab.py in one call, benchmarks/results/warmup-ab-threads1.log, warmup-ab-threads3.log),
+# and on the 2-core build machine check_artifacts(threads=2) took 4.2-5.1 ms against 1.25.
+# More loading threads do not help either: the driver's module loads into one context do not
+# overlap (14.24 / 14.98 / 17.53 ms with 1 / 2 / 8 threads each verifying and loading,
 # benchmarks/results/warmup-threads-h200.log).
-PRELOAD_THREADS = 2
-PRELOAD_PIPELINE_MIN = 32
+PRELOAD_THREADS = 1
 # How many tasks preload's helpers may run ahead of the calling thread: each holds a verified
 # image until the driver has it, so this bounds the memory of a pipeline over huge cubins
 # (DeepSeek-V3's largest is 72 KB).
@@ -403,15 +403,15 @@ class KernelBundle:
         verify each variant's artifact (verified_image) and load it into the device's context.
         With `threads` > 1, `threads - 1` helper threads verify the artifacts ahead, in order,
         while the calling thread hands each verified image to the driver; with 1, the calling
-        thread does both. Default: PRELOAD_THREADS for at least PRELOAD_PIPELINE_MIN variants
-        to load, else 1. Holds the bundle's lock throughout; the first error in (point,
-        variant) order is raised, after every other variant was tried and what loaded was
-        kept. Returns the number of kernel entries loaded."""
+        thread does both. Default: PRELOAD_THREADS (1; see there why). Holds the bundle's
+        lock throughout; the first error in (point, variant) order is raised, after every
+        other variant was tried and what loaded was kept. Returns the number of kernel
+        entries loaded."""
         import torch
 
-        default = threads is None
-        if not default and (isinstance(threads, bool) or not isinstance(threads, int)
-                            or threads < 1):
+        if threads is None:
+            threads = PRELOAD_THREADS
+        elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ArgumentError(f"preload(): threads must be a positive int (got {threads!r})")
         if not torch.cuda.is_available():
             raise DeviceError(
@@ -431,8 +431,6 @@ class KernelBundle:
         with self._lock, torch.cuda.device(device):
             driver.make_primary_context_current(device)
             todo = [t for t in self._variants(arch) if (device, *t) not in self._device_kernels]
-            if default:
-                threads = PRELOAD_THREADS if len(todo) >= PRELOAD_PIPELINE_MIN else 1
             error = None
             with closing(_in_order(self.verified_image, todo, threads - 1)) as verified:
                 for task, (ok, result) in zip(todo, verified):

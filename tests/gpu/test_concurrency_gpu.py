@@ -180,10 +180,10 @@ def test_first_launch_from_a_thread_that_never_used_cuda(shipped_bundle_path):
     torch.testing.assert_close(out.cpu().float(), want_out.float(), rtol=1e-2, atol=1e-2)
 
 
-def test_preload_by_default_verifies_on_a_helper_only_for_large_loads(shipped_bundle_path,
-                                                                       monkeypatch):
-    """preload() without threads: one helper thread verifies ahead from PRELOAD_PIPELINE_MIN
-    variants to load, none below (both ways load every entry)."""
+def test_preload_by_default_verifies_on_the_calling_thread(shipped_bundle_path, monkeypatch):
+    """preload() without threads verifies and loads on the calling thread (PRELOAD_THREADS = 1:
+    with the C cubin reader the helper no longer pays); threads=2 verifies on one helper. Both
+    load every entry."""
     import torch
 
     from rose_aot.loader import runtime
@@ -197,11 +197,8 @@ def test_preload_by_default_verifies_on_a_helper_only_for_large_loads(shipped_bu
 
     monkeypatch.setattr(runtime, "_in_order", spy)
     device = torch.cuda.current_device()
-    large = open_bundle(shipped_bundle_path)
-    loaded = large.preload(device)
-    assert calls[-1][0] >= runtime.PRELOAD_PIPELINE_MIN, "the shipped bundle is a large load"
-    assert calls[-1][1] == runtime.PRELOAD_THREADS - 1
-    monkeypatch.setattr(runtime, "PRELOAD_PIPELINE_MIN", calls[-1][0] + 1)
-    small = open_bundle(shipped_bundle_path)
-    assert small.preload(device) == loaded
-    assert calls[-1][1] == 0
+    loaded = open_bundle(shipped_bundle_path).preload(device)
+    assert runtime.PRELOAD_THREADS == 1 and calls[-1][1] == 0
+    assert calls[-1][0] >= 32, "the shipped bundle is a large load"
+    assert open_bundle(shipped_bundle_path).preload(device, threads=2) == loaded
+    assert calls[-1][1] == 1
