@@ -59,7 +59,10 @@ def main() -> None:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from warmup import _GPU_PROBE  # the probe of the README's warmup table
+    from warmup import _GPU_PROBE, byte_compile  # the probe of the README's warmup table
+
+    for name in ("a", "b"):
+        print(f"{name}: {byte_compile(getattr(args, name)[0])}", flush=True)
 
     # Each process imports rose_aot from its tree only: the tree first on the path, the rest
     # of the environment (torch, zstandard, cuda.bindings) as given.

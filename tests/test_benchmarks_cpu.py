@@ -365,3 +365,27 @@ def test_warmup_ab_refuses_a_side_it_cannot_run_before_any_process(side, message
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == 2 and "is not a file that can be written" in run.stderr
         assert "Traceback" not in run.stderr
+
+
+def test_warmup_byte_compiles_the_package_the_probes_import(tmp_path):
+    """warmup.py measures the import a serving image pays, from .pyc files: byte_compile
+    writes them for a tree's rose_aot, and says so when there is none to compile."""
+    import importlib.util
+    import sys as _sys
+
+    spec = importlib.util.spec_from_file_location("warmup_bc", os.path.join(ROOT, "benchmarks",
+                                                                             "warmup.py"))
+    warmup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warmup)
+    package = tmp_path / "rose_aot"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    (package / "sub.py").write_text("import os\n")
+    said = warmup.byte_compile(str(tmp_path))
+    assert said == f"byte-compiled: {package}"
+    tag = _sys.implementation.cache_tag
+    prefix = _sys.pycache_prefix
+    if prefix is None:
+        assert (package / "__pycache__" / f"sub.{tag}.pyc").is_file()
+    missing = warmup.byte_compile(str(tmp_path / "nowhere"))
+    assert missing.startswith("byte-compiled: NOT ") and "no such package" in missing
