@@ -18,7 +18,6 @@ from .errors import (
     ShardError,
 )
 from .loader import KernelBundle, KernelHandle, open_bundle
-from .check import CoverageReport, check_bundle  # noqa: E402  (after the loader it names)
 
 __all__ = [
     "open_bundle",
@@ -39,3 +38,13 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # check_bundle and CoverageReport come with the manifest reader (TOML) they compare
+    # against: imported when first named, not by every serving process's `import rose_aot`.
+    if name in ("check_bundle", "CoverageReport"):
+        from . import check
+
+        return getattr(check, name)
+    raise AttributeError(f"module 'rose_aot' has no attribute {name!r}")

@@ -417,3 +417,27 @@ def test_a_malformed_index_is_an_error_not_a_crash(tiny_build, tmp_path):
     )
     result = run("check", "--bundle", bad_points, tiny_build.manifest)
     assert result.exit_code == 2 and '"points" must be an array' in result.output
+
+
+def test_import_rose_aot_leaves_the_manifest_reader_until_check_bundle_is_named():
+    """A serving process's `import rose_aot` does not import rose_aot.check and the manifest
+    reader (TOML); naming check_bundle or CoverageReport imports them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rose_aot\n"
+        "before = sorted(m for m in ('rose_aot.check', 'rose_aot.manifest', 'tomllib')"
+        " if m in sys.modules)\n"
+        "from rose_aot import check_bundle, CoverageReport\n"
+        "import rose_aot.check as c\n"
+        "assert check_bundle is c.check_bundle and CoverageReport is c.CoverageReport\n"
+        "try:\n"
+        "    rose_aot.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print(before, exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] module 'rose_aot' has no attribute 'no_such_name'"
