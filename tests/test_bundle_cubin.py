@@ -244,9 +244,14 @@ def test_the_c_reader_declines_shapes_it_does_not_read_and_python_reads_them(cub
     struct.pack_into("<H", wide, 0x3A, 72)
     assert cubin_module._fastread.cubin_facts(bytes(wide)) is None
     assert _facts(read_cubin, bytes(wide)) == _facts(read_cubin_python, bytes(wide))
-    # Not a bytes-like object: a TypeError, as the Python reader's bytes() gives.
+    # Not one contiguous buffer: declined, and the Python reader decides (bytes() of a strided
+    # view reads it; a str is its TypeError).
+    strided = memoryview(data + data)[::2]
+    assert cubin_module._fastread.cubin_facts(strided) is None
+    assert _facts(read_cubin, strided) == _facts(read_cubin_python, bytes(strided))
+    assert cubin_module._fastread.cubin_facts("not bytes") is None
     with pytest.raises(TypeError):
-        cubin_module._fastread.cubin_facts("not bytes")
+        read_cubin("not bytes")
 
 
 @needs_fastread

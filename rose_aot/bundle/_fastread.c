@@ -324,7 +324,14 @@ decline:
 
 static PyObject *cubin_facts(PyObject *module, PyObject *arg) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        /* Not one contiguous buffer (a str, a strided memoryview): the Python reader takes
+         * bytes(data) or raises its own TypeError. */
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_BufferError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     Cubin *c = PyMem_Calloc(1, sizeof *c);
     if (c == NULL) {
         PyBuffer_Release(&view);
