@@ -48,7 +48,10 @@ of 4 vectors 15.12, eight 32-thread rows of 8 vectors 16.78. H200, 2026-11-30, e
 into its own bundle and timed in one device call (`bench_act_quant.py --family fp8_group_quant
 --widths 2048,4096 --tokens 128,8192,32768 --no-peers`; benchmarks/results/
 act_quant-shape-sweep-2048-h200.md). With it shipped: 13.06 and 13.92 µs (91% and 86%) in the
-suite's run (act_quant-fp8_group_quant-h200.md).
+suite's run (act_quant-fp8_group_quant-h200.md). The same narrow shape for act_and_mul_fp8_quant
+at d 2048 (one H200 call, benchmarks/results/act_quant-fused-narrow-sweep-h200.md) lost to its
+decode shape at every token count but 4096: 24.83 vs 22.58 µs at 8192 tokens, 89.36 vs 82.97 at
+32768; so the fused family keeps decode at every size.
 """
 
 from __future__ import annotations
