@@ -40,11 +40,18 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+# check_bundle and CoverageReport come with the manifest reader (TOML) they compare against:
+# imported when first named, not by every serving process's `import rose_aot`.
+_LAZY = ("check_bundle", "CoverageReport")
+
+
 def __getattr__(name: str):
-    # check_bundle and CoverageReport come with the manifest reader (TOML) they compare
-    # against: imported when first named, not by every serving process's `import rose_aot`.
-    if name in ("check_bundle", "CoverageReport"):
+    if name in _LAZY:
         from . import check
 
         return getattr(check, name)
     raise AttributeError(f"module 'rose_aot' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

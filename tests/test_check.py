@@ -432,6 +432,7 @@ def test_import_rose_aot_leaves_the_manifest_reader_until_check_bundle_is_named(
         "from rose_aot import check_bundle, CoverageReport\n"
         "import rose_aot.check as c\n"
         "assert check_bundle is c.check_bundle and CoverageReport is c.CoverageReport\n"
+        "assert 'check_bundle' in dir(rose_aot) and 'open_bundle' in dir(rose_aot)\n"
         "try:\n"
         "    rose_aot.no_such_name\n"
         "except AttributeError as exc:\n"
