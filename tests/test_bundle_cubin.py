@@ -265,10 +265,9 @@ def test_the_c_reader_declines_more_entries_than_it_tracks():
         offsets.append(pos)
         pos += len(n) + 1
     shnum = 1 + 1 + len(names)  # null section, .shstrtab, the entries
-    shoff = 64 + len(strtab)
     shstrtab_name = len(strtab)  # ".shstrtab" appended below
     strtab += b".shstrtab\0"
-    shoff = 64 + len(strtab)
+    shoff = 64 + len(strtab)  # the section header table follows the header and the strings
     header = bytearray(64)
     header[:6] = b"\x7fELF\x02\x01"
     struct.pack_into("<Q", header, 0x28, shoff)
