@@ -7,7 +7,8 @@ Two halves, because the two paths run on different machines (exactly the product
   python benchmarks/warmup.py build-side build/models manifests/*.toml
 
   # GPU machine (no CuTeDSL): per model, in fresh processes: import rose_aot (torch already
-  # imported, as in a serving engine), the driver binding (cuda.bindings import + cuInit: once
+  # imported, as in a serving engine; from .pyc files, which the script writes first, as an
+  # install does: byte_compile), the driver binding (cuda.bindings import + cuInit: once
   # per process, reported apart), open + verify the bundle, preload every kernel (which
   # verifies each cubin before it loads it: open_bundle checks artifacts at their first load)
   python benchmarks/warmup.py gpu-side build/models
