@@ -63,6 +63,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--out", help="also write the JSON rows to this file")
     args = parser.parse_args()
+    # benchmarks/common.py, imported here only: a module-level `import common` would shadow
+    # tests/multigpu's module of that name when the CPU tests load this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import check_out, write_rows
+
+    check_out(parser, args.out)
     if args.repeats < 1:
         sys.exit("merged_load_probe.py: --repeats must be at least 1")
     bundles = sorted(p.parent for p in args.folder.glob("*/load.json"))
@@ -90,11 +96,6 @@ def main() -> None:
                         "modules": got[0]["modules"], "functions": got[0]["functions"],
                         "bytes": got[0]["bytes"]}
         rows.append(row)
-    # benchmarks/common.py, imported here only: a module-level `import common` would shadow
-    # tests/multigpu's module of that name when the CPU tests load this file
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from common import write_rows
-
     if write_rows(rows, args.out, {"folder": str(args.folder)}, args.json):
         return
     print(f"driver calls of a preload, medians of {args.repeats} cold processes per way (ms)")

@@ -143,6 +143,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--out", help="also write the JSON rows to this file")
     args = parser.parse_args()
+    # benchmarks/common.py, imported here only: a module-level `import common` would shadow
+    # tests/multigpu's module of that name when the CPU tests load this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import check_out, write_rows
+
+    check_out(parser, args.out)
     ways = [w for w in args.ways.split(",") if w]
     unknown = [w for w in ways if w not in WAYS]
     if unknown or args.repeats < 1:
@@ -169,11 +175,6 @@ def main() -> None:
             row["phases"] = {name: round(statistics.median(r["phases"][name] for r in rs), 2)
                              for name, _, _ in PHASES}
         rows.append(row)
-    # benchmarks/common.py, imported here only: a module-level `import common` would shadow
-    # tests/multigpu's module of that name when the CPU tests load this file
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from common import write_rows
-
     if write_rows(rows, args.out, {"bundle": args.bundle}, args.json):
         return
     print(f"{args.bundle}: medians of {args.repeats} cold processes (ms)")

@@ -30,14 +30,6 @@ def _side(text: str) -> tuple[str, str]:
     return os.path.abspath(tree), os.path.abspath(bundle)
 
 
-def _out_file(text: str) -> str:
-    """--out, checked before any process runs: a file in an existing folder."""
-    folder = os.path.dirname(os.path.abspath(text))
-    if os.path.isdir(text) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file that can be written")
-    return text
-
-
 def _threads(text: str) -> str:
     """--a-threads / --b-threads: a positive int, passed to the probe as text."""
     if not text.isdigit() or int(text) < 1:
@@ -54,11 +46,14 @@ def main() -> None:
     parser.add_argument("--b-threads", type=_threads, metavar="N",
                         help="preload(threads=N) for B (default: preload()'s own default)")
     parser.add_argument("--repeats", type=int, default=8, help="cold processes per version")
-    parser.add_argument("--out", type=_out_file, help="also write every run as JSON to this file")
+    parser.add_argument("--out", help="also write every run as JSON to this file")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import check_out
+
+    check_out(parser, args.out)
     from warmup import _GPU_PROBE, byte_compile  # the probe of the README's warmup table
 
     for name in ("a", "b"):

@@ -305,6 +305,22 @@ def test_merged_load_probe_refuses_in_one_line(args, message):
     assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("script, first", [("preload_probe.py", "no-such.rosebundle"),
+                                           ("merged_load_probe.py", "no-such-folder")])
+def test_probes_refuse_an_out_they_cannot_write_before_any_run(script, first, tmp_path):
+    """--out is checked right after the arguments are read, so a folder, or a file in a missing
+    folder, ends in one argparse line (exit 2), not in a traceback after the measurements."""
+    import subprocess
+
+    for out in (tmp_path, tmp_path / "missing" / "rows.json"):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), first,
+                              "--out", str(out)], capture_output=True, text=True, timeout=60,
+                             cwd=tmp_path)
+        assert run.returncode == 2, run.stderr
+        assert f"--out {str(out)!r} is not a file that can be written" in run.stderr
+        assert "Traceback" not in run.stderr
+
+
 def test_write_rows_writes_the_payload_and_prints_json_only_when_asked(tmp_path, capsys):
     rows = [{"way": "module", "ms": 1.5}]
     out = tmp_path / "rows.json"
