@@ -91,13 +91,12 @@ class KernelFamily:
     def make_config(self, **values) -> Any:
         """Build a validated config from user values (manifest fields, lookup keywords)."""
         fields = _config_fields(self.Config)
-        if len(values) > len(fields) or not all(f.name in values for f, _, _ in fields):
-            names = [f.name for f, _, _ in fields]
-            for key in values:
-                if key not in names:
-                    raise ConfigError(
-                        self.name, key, f"unknown field; {self.name} has: {', '.join(names)}"
-                    )
+        names = [f.name for f, _, _ in fields]
+        for key in values:
+            if key not in names:  # a config has a few fields: a list is as quick as a set
+                raise ConfigError(
+                    self.name, key, f"unknown field; {self.name} has: {', '.join(names)}"
+                )
         kwargs = {}
         for f, kind, optional in fields:
             if f.name in values:

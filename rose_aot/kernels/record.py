@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..bundle.cubin import read_cubin
-from .spec import Arg, ParamField, TensorArg, Variant, arg_from_json, param_align, param_fields, param_size
+from .spec import (Arg, ParamField, TensorArg, Variant, arg_from_json, json_int, param_align,
+                   param_fields, param_size)
 
 __all__ = ["RECORD_VERSION", "ParamRecord", "VariantRecord", "PointRecord"]
 
@@ -65,7 +66,7 @@ class ParamRecord:
         points of an index repeat a few dozen distinct ones, and making the frozen dataclasses
         is most of the cost of reading them. The memo key is the converted values themselves,
         so a hit is exactly the record the conversions would have built."""
-        name, size, align = str(data["name"]), _int(data["size"]), _int(data["align"])
+        name, size, align = str(data["name"]), json_int(data["size"]), json_int(data["align"])
         # list comprehensions, not generators, in this and the other readers: an index has
         # hundreds of these and a generator costs a frame resume per item
         values = tuple([ParamField.values_from_json(f) for f in _list(data["fields"])])
@@ -187,9 +188,9 @@ class VariantRecord:
             entries,
             _dims(data["block"]),
             _dims(data["cluster"]),
-            _int(data["smem"]),
+            json_int(data["smem"]),
             _bool(data["cooperative"]),
-            _int(data["pdl"]),
+            json_int(data["pdl"]),
             tuple([params[n] for n in names]),
             dict(constants),
             dict(zip(entries, resources)),
@@ -263,14 +264,6 @@ def _list(value: Any) -> list:
     return value
 
 
-def _int(value: Any) -> int:
-    if type(value) is int:  # what a JSON integer is; the checks below decide the rest
-        return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {type(value).__name__}")
-    return value
-
-
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected a boolean, got {type(value).__name__}")
@@ -278,7 +271,7 @@ def _bool(value: Any) -> bool:
 
 
 def _dims(value: Any) -> tuple[int, int, int]:
-    dims = tuple([_int(v) for v in _list(value)])
+    dims = tuple([json_int(v) for v in _list(value)])
     if len(dims) != 3 or min(dims) < 1:
         raise ValueError(f"expected three positive integers, got {value!r}")
     return dims

@@ -28,6 +28,7 @@ __all__ = [
     "ScalarArg",
     "Arg",
     "arg_from_json",
+    "json_int",
     "ParamField",
     "param_fields",
     "param_size",
@@ -185,12 +186,14 @@ class ScalarArg:
 Arg = TensorArg | ScalarArg
 
 
-def _integer(v) -> int:
-    if type(v) is int:  # what a JSON integer is (bool is a subclass: refused below)
-        return v
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"expected an integer, got {type(v).__name__}")
-    return v
+def json_int(value: object) -> int:
+    """`value` if it is an integer (not a bool), else TypeError: the readers of specs and
+    records from an index."""
+    if type(value) is int:  # what a JSON integer is; the checks below decide the rest
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
 
 
 def _dims_from_json(values) -> tuple:
@@ -203,9 +206,9 @@ def _dims_from_json(values) -> tuple:
         elif isinstance(v, list):
             if len(v) != 3 or not isinstance(v[0], str):
                 raise ValueError(f"a dynamic extent is [name, width, divisibility], got {v!r}")
-            out.append(Dim(v[0], _integer(v[1]), _integer(v[2])))
+            out.append(Dim(v[0], json_int(v[1]), json_int(v[2])))
         else:
-            out.append(_integer(v))
+            out.append(json_int(v))
     return tuple(out)
 
 
