@@ -255,10 +255,12 @@ def test_compiles_with_expected_ptx(values, arch):
         if c.format == "mxfp8":
             assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
         elif arch == "sm_90a":
-            # MXFP4 from bf16: the scaled bf16 pair (MX_E2M1_BF16X2_PTX); NVFP4's quotients
-            # are fp32, rounded to odd at bf16 first (E2M1_PAIR_PTX); both round bf16 pairs
+            # MXFP4 from bf16: the scaled bf16 pairs (MX_E2M1_WORD_PTX); NVFP4's quotients
+            # are fp32, rounded to odd at bf16 first (E2M1_WORD_PTX); both round bf16 pairs,
+            # the upper codes by Veltkamp's splitting, and pack 8 codes to a word
             packed = c.format == "mxfp4" and c.dtype == "bfloat16"
             assert "min.bf16x2 c, a, k;" in ptx and "fma.rn.bf16x2 t, lo, k, t;" in ptx
+            assert "fma.rn.bf16x2 v, hi, k, d;" in ptx and "mad.lo.u32 w01, " in ptx
             assert ("fma.rn.bf16x2 a, " in ptx) == packed
             assert ("min.u16x2 d, d, k;" in ptx) == (not packed)
         if c.format == "nvfp4":

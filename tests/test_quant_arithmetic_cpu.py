@@ -1,6 +1,6 @@
 """The inline PTX of the quantization kernels, run on the CPU by a small interpreter of the
 instructions it uses: the exact text the kernels are compiled with (DIVISOR_PTX, QUOTIENT_PTX,
-E2M1_PAIR_PTX), against float64 division and the e2m1 reference rounding.
+E2M1_WORD_PTX, ...), against float64 division and the e2m1 reference rounding.
 
 fp32 arithmetic is emulated exactly: a product of two fp32 values is exact in float64, and a sum
 is rounded to odd at 53 bits (TwoSum) before the one rounding to fp32, which equals rounding the
@@ -142,6 +142,10 @@ def run_ptx(text: str, *inputs, rcp_ulps: int = 0):
                 r = a[0] + a[1]
             elif op == "sub.u32":
                 r = a[0] - a[1]
+            elif op == "mad.lo.u32":
+                r = a[0] * a[1] + a[2]
+            elif op == "abs.bf16x2":  # the magnitude of each lane (NaN stays NaN)
+                r = a[0] & u32(0x7FFF7FFF)
             elif op == "min.u32":
                 r = np.minimum(a[0], a[1])
             elif op == "prmt.b32":  # bytes of (a[1], a[0]) picked by the selector's nibbles
@@ -267,13 +271,18 @@ def test_quotient_signs_zeros_and_the_infinite_scale():
     assert _bits(_kernel_quotient(z, np.array([3.0, 3.0], dtype=f32))).tolist() == [0, 0x80000000]
 
 
-def test_e2m1_pair_matches_the_reference_rounding():
+def _nibbles(words):
+    """The 8 codes of each uint32 word, lowest nibble first, as one flat array."""
+    return np.stack([(words >> u32(4 * k)) & u32(0xF) for k in range(8)], axis=1).ravel()
+
+
+def test_e2m1_word_matches_the_reference_rounding():
     """Every rounding threshold and its neighbours, saturation, +-inf, signed zeros, subnormals,
     a sweep of the fp32 bit patterns and 2M random values: the sm_90a PTX gives the reference's
-    codes, packed low nibble first."""
+    codes, value 2j + k of a word in bit 8j + 4k."""
     import torch
 
-    from rose_aot.kernels.block_scaled_quant.device import E2M1_PAIR_PTX
+    from rose_aot.kernels.block_scaled_quant.device import E2M1_WORD_PTX
     from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
 
     rng = np.random.default_rng(2)
@@ -285,10 +294,9 @@ def test_e2m1_pair_matches_the_reference_rounding():
                         rng.uniform(-8, 8, 2_000_000).astype(f32),
                         np.array([np.inf, -np.inf, 0.0, -0.0], dtype=f32)])
     v = v[~np.isnan(v)]
-    v = v[: len(v) // 2 * 2]
+    v = v[: len(v) // 8 * 8]
     want = e2m1_codes(torch.from_numpy(v)).numpy().astype(u32)
-    got = run_ptx(E2M1_PAIR_PTX, _bits(v[0::2]), _bits(v[1::2]))
-    got = np.stack([got & 0xF, got >> 4], axis=1).ravel()
+    got = _nibbles(run_ptx(E2M1_WORD_PTX, *[_bits(v[k::8]) for k in range(8)]))
     bad = got != want
     assert not bad.any(), (
         f"{int(bad.sum())} codes differ; first {v[bad][0]!r}: got {got[bad][0]} want {want[bad][0]}")
@@ -301,32 +309,34 @@ def _bf16_values():
 
 
 def test_packed_mxfp4_codes_match_the_reference_for_every_bf16_value():
-    """MX_E2M1_BF16X2_PTX: every finite bf16 x, paired with a shuffled partner, times every
-    power-of-two MX scale that puts some x in e2m1's range, gives the reference's codes
-    e2m1(x * s) (exact product), low nibble the low lane."""
+    """MX_E2M1_WORD_PTX: every finite bf16 x in every one of a word's 8 positions (the other
+    positions shuffled values), times every power-of-two MX scale that puts some x in e2m1's
+    range, gives the reference's codes e2m1(x * s) (exact product), value 2j + k of the words
+    in bit 8j + 4k."""
     import torch
 
-    from rose_aot.kernels.block_scaled_quant.device import MX_E2M1_BF16X2_PTX
+    from rose_aot.kernels.block_scaled_quant.device import MX_E2M1_WORD_PTX
     from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
 
     rng = np.random.default_rng(3)
-    lo = _bf16_values()
-    hi = rng.permutation(lo)
-    words = lo | (hi << u32(16))
-    xs_lo, xs_hi = _lanes(words)
+    every = _bf16_values()
+    # lane k of the 8 holds `every` in order (rolled by k), so each value visits each lane
+    lanes = [np.roll(every, 997 * k) if k % 2 == 0 else rng.permutation(every) for k in range(8)]
+    words = [lanes[2 * j] | (lanes[2 * j + 1] << u32(16)) for j in range(4)]
+    values = np.stack([_lanes(w)[h] for w in words for h in (0, 1)], axis=1)  # [n, 8] float64
     for e in list(range(-130, 131, 7)) + [-1, 0, 1, 2, 3]:
         if not -126 <= e <= 127:
             continue
         s = np.float64(2.0) ** e
         s_bits = u32(_bits(np.float32(s)) >> 16)
-        got = run_ptx(MX_E2M1_BF16X2_PTX, words, np.full(words.shape, s_bits | (s_bits << 16), u32))
-        for lane, xs, shift in ((0, xs_lo, 0), (1, xs_hi, 4)):
-            want = e2m1_codes(torch.from_numpy(xs * s)).numpy().astype(u32)
-            have = (got >> u32(shift)) & u32(0xF)
-            bad = have != want
-            assert not bad.any(), (
-                f"scale 2^{e}, lane {lane}: {int(bad.sum())} codes differ; first x={xs[bad][0]!r}: "
-                f"got {have[bad][0]} want {want[bad][0]}")
+        got = _nibbles(run_ptx(MX_E2M1_WORD_PTX, *words,
+                               np.full(words[0].shape, s_bits | (s_bits << 16), u32)))
+        xs = values.ravel()
+        want = e2m1_codes(torch.from_numpy(xs * s)).numpy().astype(u32)
+        bad = got != want
+        assert not bad.any(), (
+            f"scale 2^{e}: {int(bad.sum())} codes differ; first x={xs[bad][0]!r}: "
+            f"got {got[bad][0]} want {want[bad][0]}")
 
 
 def test_packed_absmax_is_the_largest_magnitude():
@@ -402,7 +412,7 @@ def test_the_interpreter_knows_every_instruction_of_the_ptx():
     from rose_aot.kernels.block_scaled_quant import device
     from rose_aot.kernels.device_utils import DIVISOR_PTX, QUOTIENT_PTX
 
-    for text in (DIVISOR_PTX, QUOTIENT_PTX, device.E2M1_PAIR_PTX, device.MX_E2M1_BF16X2_PTX,
+    for text in (DIVISOR_PTX, QUOTIENT_PTX, device.E2M1_WORD_PTX, device.MX_E2M1_WORD_PTX,
                  device.ABSMAX_BF16X2_STEP_PTX, device.BF16X2_LARGER_LANE_PTX,
                  device.NVFP4_SCALE_BYTE_PTX, device.E4M3_BYTE_VALUE_PTX,
                  device.E4M3_RECIPROCAL_PTX):

@@ -13,80 +13,110 @@ from ..fp8_group_quant.device import butterfly_max
 from ..device_utils import pdl_prologue, pure_asm, quotient
 from ..spec import Variant
 
-__all__ = ["host_function", "E2M1_PAIR_PTX", "MX_E2M1_BF16X2_PTX", "ABSMAX_BF16X2_STEP_PTX",
+__all__ = ["host_function", "E2M1_WORD_PTX", "MX_E2M1_WORD_PTX", "ABSMAX_BF16X2_STEP_PTX",
            "BF16X2_LARGER_LANE_PTX", "SIXTH", "NVFP4_SCALE_BYTE_PTX", "E4M3_BYTE_VALUE_PTX",
            "E4M3_RECIPROCAL_PTX"]
 
 # max representable value = 1.f * 2**K: mantissa field of 1.f and K, per data format
 _MX = {"mxfp8": (8, 0x600000), "mxfp4": (2, 0x400000)}
-def _e2m1_bf16x2_codes(a: str, signs: str) -> list[str]:
-    """PTX lines: $0 = byte of the e2m1 codes of the two bf16 lanes of register `a` (|x|, both
-    lanes >= 0, NaN-free after the first min), low lane in the low nibble, the sign of each lane
-    taken from bit 15 of the same lane of register `signs`. Both lanes at once in 16-bit lanes:
+def _e2m1_bf16x2_lanes(a: str, out: str) -> list[str]:
+    """PTX lines: register `out` = the unsigned e2m1 codes of the two bf16 lanes of register
+    `a` (|x|, both lanes >= 0, NaN-free after the first min), in bits 0-2 and 16-18. Both lanes
+    at once in 16-bit lanes:
     - c = min(a, 6); codes below 1 from fma(min(c, 1), 2, 128), whose one bf16 rounding lands
       on the integer round-half-even(2 min(c, 1)) (128 + k is 0x4300 + k);
-    - codes from 1 up from max(c, 1): its bits rounded to one mantissa bit (add 2^5 - 1 plus
-      the kept bit, shift by 6) are 254 + (code - 2);
-    - the code is the sum of both parts minus 0x4300 + 254 per lane (no lane borrows)."""
+    - codes from 1 up from h = max(c, 1) rounded to one mantissa bit by Veltkamp's splitting in
+      bf16 arithmetic: v = 65 h, r = v - (v - h), each rounded to nearest even, is h rounded to
+      nearest even at 2 significant bits (the CPU suite runs this text on every bf16 value);
+      r's bits shifted right by 6 are 254 + (code - 2) per lane (its 6 lowest bits are zero, so
+      nothing crosses from the upper lane);
+    - the code is the sum of both parts minus 0x4300 + 254 per lane (no lane borrows).
+    The splitting runs on the FMA pipe: the FP4 kernels are bound by the ALU pipe on the H200
+    (benchmarks/results/ncu-*-prefill-c2d61cf-7168x8192-h200.csv), and the integer rounding it
+    replaces took 6 ALU instructions per pair. Temporaries: c, lo, hi, t, v, d, k."""
     # packed-type operands are registers (PTX takes no bf16x2 immediates)
     return [
         "mov.b32 k, 0x40C040C0;", f"min.bf16x2 c, {a}, k;",  # 6.0
         "mov.b32 k, 0x3F803F80;", "min.bf16x2 lo, c, k;", "max.bf16x2 hi, c, k;",  # 1.0
         "mov.b32 k, 0x40004000;", "mov.b32 t, 0x43004300;",
         "fma.rn.bf16x2 t, lo, k, t;",  # 2 lo + 128
-        "shr.b32 h, hi, 6;", "and.b32 h, h, 0x00010001;",
-        "add.u32 n, hi, 0x001F001F;", "add.u32 n, n, h;",
-        "shr.b32 n, n, 6;", "and.b32 n, n, 0x01FF01FF;",
-        "add.u32 t, t, n;", "sub.u32 t, t, 0x43FE43FE;",
-        f"shr.b32 s, {signs}, 12;", "and.b32 s, s, 0x00080008;", "or.b32 t, t, s;",
-        "shr.b32 s, t, 12;", "or.b32 t, t, s;", "and.b32 $0, t, 0xFF;",
+        "mov.b32 k, 0x42824282;", "mov.b32 d, 0x80008000;",  # 65.0, -0.0
+        "fma.rn.bf16x2 v, hi, k, d;",  # v = 65 h
+        "mov.b32 k, 0xBF80BF80;",  # -1.0
+        "fma.rn.bf16x2 d, hi, k, v;",  # v - h
+        "fma.rn.bf16x2 d, d, k, v;",  # v - (v - h): h at 2 significant bits
+        "shr.b32 d, d, 6;",
+        "add.u32 t, t, d;", f"sub.u32 {out}, t, 0x43FE43FE;",
     ]
 
 
-def _e2m1_pair_ptx() -> str:
-    """PTX of the sm_90a `e2m1_pair`: $0 = e2m1($1) | e2m1($2) << 4 for fp32 $1, $2.
+def _e2m1_word(codes: list[str], signs: list[str]) -> list[str]:
+    """PTX lines: $0 = 4 bytes of e2m1 codes, byte j = the codes of pair j (register codes[j],
+    from _e2m1_bf16x2_lanes; low lane in the low nibble), each lane's sign from bit 15 of that
+    lane of signs[j]. Two pairs at a time: their codes in one word (one multiply-add, FMA
+    pipe), their 4 sign bits gathered by one byte permute, both lanes folded into 2 bytes;
+    about half the ALU instructions of packing each pair into its byte."""
+    lines = []
+    for half, (j, out) in enumerate(((0, "w01"), (2, "w23"))):
+        lines += [
+            f"mad.lo.u32 {out}, {codes[j + 1]}, 256, {codes[j]};",  # codes at bits 0/8/16/24
+            # sign bytes (x_j lo, x_j+1 lo, x_j hi, x_j+1 hi): signs at bits 7/15/23/31
+            f"prmt.b32 s, {signs[j]}, {signs[j + 1]}, 0x7351;",
+            "shr.b32 s, s, 4;", "and.b32 s, s, 0x08080808;", f"or.b32 {out}, {out}, s;",
+            f"shr.b32 s, {out}, 12;", f"or.b32 {out}, {out}, s;",  # upper lanes to bits 4-7, 12-15
+        ]
+    return lines + ["prmt.b32 $0, w01, w23, 0x5410;"]
 
-    Both values are first rounded to odd at bf16 precision, in one word: the upper halves of
-    their bits (bf16 truncations, signs kept) with the lowest bit set where the dropped lower
-    half was not zero. Rounding to odd at 8 bits and then to nearest at e2m1's 2 gives the same
-    result as one rounding to nearest (8 >= 2 + 2; Boldo and Melquiond): a value just above a
-    rounding midpoint stays above it, an exact midpoint stays exact. The codes then come from
-    the bf16 pair as in _e2m1_bf16x2_codes, about 10 instructions per element in the SASS
-    against 12 for integer arithmetic on each fp32 (the FP4 kernels are bounded by their
-    arithmetic on the H200: benchmarks/sass_count.py).
-    Saturating at 6 (+-inf too; NaN gives 6, sign kept); -0 and negatives that round to 0 keep
-    their sign."""
-    return "\n".join([
-        "{", ".reg .b32 w, d, a, c, lo, hi, t, h, n, s, k;",
-        "prmt.b32 w, $1, $2, 0x7632;",  # (hi's upper half, lo's upper half): truncations
-        "prmt.b32 d, $1, $2, 0x5410;",  # the dropped lower halves
+
+def _round_to_odd_bf16x2(lo: str, hi: str, out: str) -> list[str]:
+    """PTX lines: `out` = the fp32 registers lo, hi rounded to odd at bf16 precision, in one
+    word (lo in the low lane): the upper halves of their bits (bf16 truncations, signs kept)
+    with the lowest bit set where the dropped lower half was not zero. Rounding to odd at 8
+    bits and then to nearest at e2m1's 2 gives the same result as one rounding to nearest
+    (8 >= 2 + 2; Boldo and Melquiond): a value just above a rounding midpoint stays above it,
+    an exact midpoint stays exact. Temporaries: d, k."""
+    return [
+        f"prmt.b32 {out}, {lo}, {hi}, 0x7632;",  # (hi's upper half, lo's upper half)
+        f"prmt.b32 d, {lo}, {hi}, 0x5410;",  # the dropped lower halves
         "mov.b32 k, 0x00010001;", "min.u16x2 d, d, k;",  # 1 where a lower half is not 0
-        "or.b32 w, w, d;",  # rounded to odd
-        "and.b32 a, w, 0x7FFF7FFF;",
-        *_e2m1_bf16x2_codes("a", "w"), "}",
-    ])
+        f"or.b32 {out}, {out}, d;",
+    ]
 
 
-E2M1_PAIR_PTX = _e2m1_pair_ptx()
+_TEMPS = ".reg .b32 a, c, lo, hi, t, v, d, k, s;"
 
 
-def _mx_e2m1_bf16x2_ptx() -> str:
-    """PTX of `mx_e2m1_bf16x2`: $0 = byte of e2m1(x.lo * s) | e2m1(x.hi * s) << 4 for a word
-    $1 of two bf16 and $2 = bf16x2 (s, s), s a power of two (MXFP4 on sm_90a, bf16 input).
-
-    Exact: x * s is a bf16 number (a power-of-two multiple of one; tiny products may flush, to
-    a signed zero, which is their code anyway); the codes follow from its bits as in
-    _e2m1_bf16x2_codes (about 9 instructions per element against 20 for the fp32 path of the
-    previous kernels), the sign of each lane from x."""
-    return "\n".join([
-        "{", ".reg .b32 a, c, lo, hi, t, h, n, s, k;",
-        "mov.b32 k, 0x80008000;", "fma.rn.bf16x2 a, $1, $2, k;",  # x * s + -0: exact, keeps -0
-        "and.b32 a, a, 0x7FFF7FFF;",
-        *_e2m1_bf16x2_codes("a", "$1"), "}",
-    ])
+def _e2m1_word_ptx() -> str:
+    """PTX of the sm_90a `e2m1_word`: $0 = 4 bytes, byte j = e2m1($2j+1) | e2m1($2j+2) << 4 for
+    fp32 $1 .. $8: each pair rounded to odd at bf16 precision (_round_to_odd_bf16x2), then the
+    codes of the bf16 pair (_e2m1_bf16x2_lanes), packed by _e2m1_word. Saturating at 6 (+-inf
+    too; NaN gives 6, sign kept); -0 and negatives that round to 0 keep their sign."""
+    lines = ["{", _TEMPS, ".reg .b32 w0, w1, w2, w3, q0, q1, q2, q3, w01, w23;"]
+    for j in range(4):
+        lines += _round_to_odd_bf16x2(f"${2 * j + 1}", f"${2 * j + 2}", f"w{j}")
+        lines += [f"abs.bf16x2 a, w{j};", *_e2m1_bf16x2_lanes("a", f"q{j}")]
+    lines += _e2m1_word([f"q{j}" for j in range(4)], [f"w{j}" for j in range(4)])
+    return "\n".join(lines + ["}"])
 
 
-MX_E2M1_BF16X2_PTX = _mx_e2m1_bf16x2_ptx()
+E2M1_WORD_PTX = _e2m1_word_ptx()
+
+
+def _mx_e2m1_word_ptx() -> str:
+    """PTX of `mx_e2m1_word`: $0 = 4 bytes, byte j = e2m1(x.lo * s) | e2m1(x.hi * s) << 4 for
+    the word x = $(j+1) of two bf16, $5 = bf16x2 (s, s), s a power of two (MXFP4 on sm_90a,
+    bf16 input). Exact: x * s is a bf16 number (a power-of-two multiple of one; tiny products
+    may flush, to a signed zero, which is their code anyway); the codes follow from its bits
+    (_e2m1_bf16x2_lanes), the sign of each lane from x, packed by _e2m1_word."""
+    lines = ["{", _TEMPS, ".reg .b32 q0, q1, q2, q3, w01, w23;"]
+    for j in range(4):
+        lines += ["mov.b32 k, 0x80008000;", f"fma.rn.bf16x2 a, ${j + 1}, $5, k;",
+                  "abs.bf16x2 a, a;", *_e2m1_bf16x2_lanes("a", f"q{j}")]
+    lines += _e2m1_word([f"q{j}" for j in range(4)], [f"${j + 1}" for j in range(4)])
+    return "\n".join(lines + ["}"])
+
+
+MX_E2M1_WORD_PTX = _mx_e2m1_word_ptx()
 # fp32(1 / 6) rounded to nearest (0x3E2AAAAB): NVFP4's scale is quotient(m, 6, SIXTH), m the
 # block's fp32(absmax * g), exact like a division but without its slow-path branch
 SIXTH = 1.0 / 6.0
@@ -114,7 +144,7 @@ E4M3_RECIPROCAL_PTX = "\n".join([
     "}",
 ])
 # $0 = lane-wise max of $1 and |$2| for bf16x2 words (max.bf16x2 returns the non-NaN operand)
-ABSMAX_BF16X2_STEP_PTX = "{\n.reg .b32 w;\nand.b32 w, $2, 0x7FFF7FFF;\nmax.bf16x2 $0, $1, w;\n}"
+ABSMAX_BF16X2_STEP_PTX = "{\n.reg .b32 w;\nabs.bf16x2 w, $2;\nmax.bf16x2 $0, $1, w;\n}"
 # $0 = the larger lane of the bf16x2 word $1 (both lanes >= 0), as fp32
 BF16X2_LARGER_LANE_PTX = ("{\n.reg .b32 a, b;\nshl.b32 a, $1, 16;\nand.b32 b, $1, 0xFFFF0000;\n"
                           "max.f32 $0, a, b;\n}")
@@ -139,12 +169,17 @@ def inverse_of_scale_byte(byte: Uint32) -> Float32:
     return Float32(pure_asm(Float32.mlir_type, [byte], text, "=f,r"))
 
 
-def e2m1_pair(lo: Float32, hi: Float32, native: bool) -> Uint32:
-    """Byte holding e2m1(lo) in bits 0-3 and e2m1(hi) in bits 4-7 (nearest even, saturating)."""
-    if native:  # sm_100a: the first source operand goes to the upper nibble
-        text = "{\n.reg .b8 t;\ncvt.rn.satfinite.e2m1x2.f32 t, $2, $1;\ncvt.u32.u8 $0, t;\n}"
-        return Uint32(pure_asm(Uint32.mlir_type, [lo, hi], text, "=r,f,f"))
-    return Uint32(pure_asm(Uint32.mlir_type, [lo, hi], E2M1_PAIR_PTX, "=r,f,f"))
+def e2m1_native_pair(lo: Float32, hi: Float32) -> Uint32:
+    """sm_100a: byte holding e2m1(lo) in bits 0-3 and e2m1(hi) in bits 4-7 (nearest even,
+    saturating); the first source operand of the conversion goes to the upper nibble."""
+    text = "{\n.reg .b8 t;\ncvt.rn.satfinite.e2m1x2.f32 t, $2, $1;\ncvt.u32.u8 $0, t;\n}"
+    return Uint32(pure_asm(Uint32.mlir_type, [lo, hi], text, "=r,f,f"))
+
+
+def e2m1_word(values: list) -> Uint32:
+    """sm_90a: 4 bytes of e2m1 codes of 8 fp32 values, byte j = e2m1(values[2j]) |
+    e2m1(values[2j + 1]) << 4 (E2M1_WORD_PTX)."""
+    return Uint32(pure_asm(Uint32.mlir_type, values, E2M1_WORD_PTX, "=r" + ",f" * 8))
 
 
 def host_function(config, variant: Variant, arch: Arch):
@@ -164,8 +199,11 @@ def host_function(config, variant: Variant, arch: Arch):
     fp4 = fmt != "mxfp8"
     swizzled = config.scale_layout == "swizzled_128x4"
     data_vec = vec // 2 if fp4 else vec
-    # MXFP4 from bf16 on sm_90a: two elements per instruction in bf16x2 (MX_E2M1_BF16X2_PTX)
+    # MXFP4 from bf16 on sm_90a: two elements per instruction in bf16x2 (MX_E2M1_WORD_PTX)
     packed = fmt == "mxfp4" and not native and config.dtype == "bfloat16"
+    # sm_90a, bf16 input: each group's absmax in bf16x2 pairs (exact: the largest |x| is a bf16
+    # value either way), one max per two elements (ABSMAX_BF16X2_STEP_PTX)
+    packed_absmax = not native and config.dtype == "bfloat16"
     k_tiles = groups_padded // 4
     block = list(variant.block)
     smem_bytes = variant.smem
@@ -190,6 +228,12 @@ def host_function(config, variant: Variant, arch: Arch):
             tYrY.store(tXrX.load().to(Float32))
         tW = cute.recast_tensor(tXrX, Uint32)  # (vec / 2, per_thread) bf16x2 words
         tQrQ = cute.make_rmem_tensor((data_vec, per_thread), Uint8 if fp4 else mQ.element_type)
+        if const_expr(fp4 and not native):
+            # sm_90a writes the FP4 codes a word (8 values) at a time
+            if const_expr(data_vec % 4):
+                raise ValueError(f"block_scaled_quant: {vec} values per access are not whole "
+                                 "32-bit words of FP4 codes")
+            tQw = cute.recast_tensor(tQrQ, Uint32)  # (data_vec / 4, per_thread)
         g = Float32(1.0)
         if const_expr(fmt == "nvfp4"):
             g = mG[0]
@@ -212,12 +256,13 @@ def host_function(config, variant: Variant, arch: Arch):
         tScale = cute.make_rmem_tensor((per_thread,), Uint8)
         for i in cutlass.range_constexpr(per_thread):
             amax = Float32(0.0)
-            if const_expr(packed):
-                m = Uint32(0)
+            if const_expr(packed_absmax):
+                pair_max = Uint32(0)
                 for j in cutlass.range_constexpr(vec // 2):
-                    m = Uint32(pure_asm(Uint32.mlir_type, [m, tW[j, i]], ABSMAX_BF16X2_STEP_PTX,
-                                        "=r,r,r"))
-                amax = Float32(pure_asm(Float32.mlir_type, [m], BF16X2_LARGER_LANE_PTX, "=f,r"))
+                    pair_max = Uint32(pure_asm(Uint32.mlir_type, [pair_max, tW[j, i]],
+                                               ABSMAX_BF16X2_STEP_PTX, "=r,r,r"))
+                amax = Float32(pure_asm(Float32.mlir_type, [pair_max], BF16X2_LARGER_LANE_PTX,
+                                        "=f,r"))
             else:
                 for j in cutlass.range_constexpr(vec):
                     amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j, i]))
@@ -242,9 +287,10 @@ def host_function(config, variant: Variant, arch: Arch):
                 if const_expr(packed):
                     inv2 = Uint32(pure_asm(Uint32.mlir_type, [inv], "cvt.rn.bf16x2.f32 $0, $1, $1;",
                                            "=r,f"))
-                    for j in cutlass.range_constexpr(data_vec):
-                        tQrQ[j, i] = Uint8(pure_asm(Uint32.mlir_type, [tW[j, i], inv2],
-                                                    MX_E2M1_BF16X2_PTX, "=r,r,r"))
+                    for w in cutlass.range_constexpr(data_vec // 4):
+                        tQw[w, i] = Uint32(pure_asm(
+                            Uint32.mlir_type, [*(tW[4 * w + j, i] for j in range(4)), inv2],
+                            MX_E2M1_WORD_PTX, "=r,r,r,r,r,r"))
                 else:
                     for j in cutlass.range_constexpr(vec):
                         tYrY[j, i] = tYrY[j, i] * inv
@@ -252,8 +298,12 @@ def host_function(config, variant: Variant, arch: Arch):
 
         if const_expr(fp4 and not packed):
             for i in cutlass.range_constexpr(per_thread):
-                for j in cutlass.range_constexpr(data_vec):
-                    tQrQ[j, i] = Uint8(e2m1_pair(tYrY[2 * j, i], tYrY[2 * j + 1, i], native))
+                if const_expr(native):
+                    for j in cutlass.range_constexpr(data_vec):
+                        tQrQ[j, i] = Uint8(e2m1_native_pair(tYrY[2 * j, i], tYrY[2 * j + 1, i]))
+                else:
+                    for w in cutlass.range_constexpr(data_vec // 4):
+                        tQw[w, i] = e2m1_word([tYrY[8 * w + j, i] for j in range(8)])
         elif const_expr(not fp4):
             tQrQ.store(tYrY.load().to(mQ.element_type))
         gQ = cute.zipped_divide(mQ[row, None], (data_vec,))

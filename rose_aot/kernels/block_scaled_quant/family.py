@@ -17,8 +17,9 @@ Definitions (absmax ignores NaN; inputs are expected finite):
          data = e2m1(fp32(fp32(x * g) / scale)), and +-0 where the scale is 0.
   e4m3 and e2m1 roundings are to nearest, ties to even, saturating (e2m1 at +-6).
 The sm_100a build converts to e2m1 with the native cvt.rn.satfinite.e2m1x2.f32; the sm_90a build
-rounds each fp32 pair to odd at bf16 precision and codes the pair in bf16x2 and integer
-arithmetic (device.py E2M1_PAIR_PTX), same results. The NVFP4 quotient is device_utils.quotient
+rounds each fp32 pair to odd at bf16 precision and codes the pair in bf16x2 arithmetic
+(Veltkamp's splitting) and a few integer instructions, 8 codes to a word (device.py
+E2M1_WORD_PTX), same results. The NVFP4 quotient is device_utils.quotient
 (a reciprocal per block and a correction step, exact).
 
 Scale layouts (``scale_layout``):
