@@ -54,10 +54,10 @@ def _e2m1_word(codes: list[str], signs: list[str]) -> list[str]:
     """PTX lines: $0 = 4 bytes of e2m1 codes, byte j = the codes of pair j (register codes[j],
     from _e2m1_bf16x2_lanes; low lane in the low nibble), each lane's sign from bit 15 of that
     lane of signs[j]. Two pairs at a time: their codes in one word (one multiply-add, FMA
-    pipe), their 4 sign bits gathered by one byte permute, both lanes folded into 2 bytes;
-    about half the ALU instructions of packing each pair into its byte."""
+    pipe), their 4 sign bits gathered by one byte permute, both lanes folded into 2 bytes (in
+    MXFP4's prefill SASS, 41 ALU instructions fewer per 32 elements than a byte per pair)."""
     lines = []
-    for half, (j, out) in enumerate(((0, "w01"), (2, "w23"))):
+    for j, out in ((0, "w01"), (2, "w23")):
         lines += [
             f"mad.lo.u32 {out}, {codes[j + 1]}, 256, {codes[j]};",  # codes at bits 0/8/16/24
             # sign bytes (x_j lo, x_j+1 lo, x_j hi, x_j+1 hi): signs at bits 7/15/23/31
