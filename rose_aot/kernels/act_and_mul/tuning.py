@@ -35,7 +35,11 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   tokens it takes MXFP4's switch (the same shapes and packing, not swept for NVFP4): 100.
   Its prefill shape keeps 4 vectors per thread (56 registers, 55% occupancy): 2 vectors (32
   registers, full occupancy, 22.5 instead of 21.3 instructions per element) measured 1-6%
-  slower from 8192 tokens (7168 x 32768: 243.8 vs 229.1 µs; same H200 session).
+  slower from 8192 tokens (7168 x 32768: 243.8 vs 229.1 µs; same H200 session). After the FP4
+  codes moved off the ALU pipe (block_scaled_quant/device.py), the prefill shapes (128, 4),
+  (256, 2) and (512, 4) (threads, vectors per thread) were built and forced against the shipped
+  (256, 4) for MXFP4 and NVFP4 in one call: none faster at most points (NVFP4 (256, 2) 1-7%
+  slower at 8192 tokens; benchmarks/results/fp4-ab-and-prefill-shapes-h200.md), so it stays.
 
 fp8_group_quant's prefill shape for narrow rows (at most NARROW_ROW_VECTORS vectors: hidden 2048
 in bf16): NARROW_PREFILL_THREADS-thread blocks of one row, NARROW_PREFILL_MAX_VECS vectors per
