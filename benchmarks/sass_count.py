@@ -7,7 +7,8 @@ padding). For the element-wise row families (act_and_mul, the FP8 and block-scal
 it also divides by the elements one thread handles (vec x vecs_per_thread). The count is the
 static length of the code, which is what every thread executes when the main path has no
 loop (a branch back; then no per-element figure is given and `loops` says so); use it to
-compare two versions of a kernel before spending GPU time on them.
+compare two versions of a kernel before spending GPU time on them. The "alu / fma pipe" column
+splits the count by the pipe each instruction issues to (ALU_OPCODES below).
 
     pip install nvidia-cuda-nvdisasm          # or put nvdisasm on PATH
     python benchmarks/sass_count.py nvfp4_quant hidden=7168
@@ -80,6 +81,29 @@ def main_path(listing: str) -> tuple[list[str], bool]:
     return lines[: last_exit + 1], loops
 
 
+# The issue pipe of each opcode on sm_90, from Nsight Compute's pipeline descriptions: "alu"
+# runs integer and logic instructions other than IMAD/IMUL, min/max, comparisons, selects and
+# conversions; "fma" runs FP32 and packed-half arithmetic and IMAD/IMUL. The alu pipe takes half
+# as many threads per cycle as the fma pipe, so a kernel can be bound by it with issue slots to
+# spare (the FP4 quantizers: README). Other opcodes (memory, shuffles, special functions,
+# uniform datapath, control) are counted as "other". Our classification: VIADD is counted as
+# alu, the HFMA2.MMA form as fma.
+ALU_OPCODES = frozenset({
+    "LOP3", "LOP", "SHF", "SHL", "SHR", "IADD3", "VIADD", "LEA", "PRMT", "ISETP", "FSETP",
+    "HSETP2", "PLOP3", "SEL", "FSEL", "IMNMX", "VIMNMX", "FMNMX", "HMNMX2", "VHMNMX", "F2FP",
+    "MOV", "IABS", "P2R", "R2P", "BMSK", "SGXT", "FLO", "POPC", "BREV",
+})
+FMA_OPCODES = frozenset({"FFMA", "FMUL", "FADD", "IMAD", "IMUL", "HFMA2", "HMUL2", "HADD2",
+                         "IDP", "IDP4A"})
+
+
+def pipe(opcode_name: str) -> str:
+    """"alu", "fma" or "other" for a base opcode (see ALU_OPCODES)."""
+    if opcode_name in ALU_OPCODES:
+        return "alu"
+    return "fma" if opcode_name in FMA_OPCODES else "other"
+
+
 def opcode(text: str) -> str:
     """Base opcode of one instruction: predicate and modifiers dropped ("@!P0 LDG.E.128" -> LDG)."""
     word = text.split()[1] if text.startswith("@") else text.split()[0]
@@ -129,6 +153,7 @@ def count_point(family_name: str, values: dict, arch: str, dump: Path | None = N
             "per_element": None if elements is None else len(path_instructions) / elements,
             "opcodes": dict(Counter(map(opcode, path_instructions)).most_common()),
         })
+        rows[-1]["pipes"] = dict(Counter(pipe(op) for op in map(opcode, path_instructions)))
     return rows
 
 
@@ -166,14 +191,16 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     print(f"{rows[0]['point']} @ {args.arch}")
-    print("| variant | instructions | loops | registers | elements per thread | per element "
-          "| top opcodes |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | instructions | alu / fma pipe | loops | registers | elements per thread "
+          "| per element | top opcodes |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         top = ", ".join(f"{k} {v}" for k, v in list(r["opcodes"].items())[:6])
         per = "" if r["per_element"] is None else f"{r['per_element']:.1f}"
-        print(f"| {r['variant']} | {r['instructions']} | {'yes' if r['loops'] else 'no'} | "
-              f"{r['registers']} | {r['elements_per_thread'] or ''} | {per} | {top} |")
+        pipes = f"{r['pipes'].get('alu', 0)} / {r['pipes'].get('fma', 0)}"
+        print(f"| {r['variant']} | {r['instructions']} | {pipes} | "
+              f"{'yes' if r['loops'] else 'no'} | {r['registers']} | "
+              f"{r['elements_per_thread'] or ''} | {per} | {top} |")
 
 
 if __name__ == "__main__":

@@ -175,6 +175,14 @@ def test_sass_main_path_ends_at_the_last_unconditional_exit():
     assert loops and len(path) == 5
 
 
+def test_sass_pipe_of_an_opcode():
+    sass = _load_sass_count()
+    assert [sass.pipe(op) for op in ("LOP3", "SHF", "HMNMX2", "PRMT", "F2FP")] == ["alu"] * 5
+    assert [sass.pipe(op) for op in ("FFMA", "IMAD", "HFMA2", "HADD2")] == ["fma"] * 4
+    assert [sass.pipe(op) for op in ("LDG", "STG", "SHFL", "MUFU", "BRA", "S2R")] == ["other"] * 6
+    assert not sass.ALU_OPCODES & sass.FMA_OPCODES
+
+
 def test_sass_count_of_a_compiled_point():
     """A real compile and disassembly (nvdisasm from the nvidia-cuda-nvdisasm wheel, which CI
     installs): MXFP8 converts with F2FP, loads and stores its rows, and the prefill shape's
@@ -189,6 +197,12 @@ def test_sass_count_of_a_compiled_point():
     for r in rows.values():
         assert r["instructions"] == sum(r["opcodes"].values()) > 50 and not r["loops"]
         assert {"LDG", "STG", "F2FP"} <= set(r["opcodes"]) and r["registers"] > 0
+        # every instruction in exactly one pipe; F2FP (the e4m3 conversion) on the alu pipe,
+        # the fp32 scaling on the fma pipe, loads and stores elsewhere
+        assert sum(r["pipes"].values()) == r["instructions"]
+        assert r["pipes"]["alu"] >= r["opcodes"]["F2FP"]
+        assert r["pipes"]["fma"] >= r["opcodes"]["FMUL"] > 0
+        assert r["pipes"]["other"] >= r["opcodes"]["LDG"] + r["opcodes"]["STG"]
     assert rows["prefill"]["elements_per_thread"] == 4 * rows["decode"]["elements_per_thread"]
     assert rows["prefill"]["per_element"] < rows["decode"]["per_element"]
 
