@@ -81,6 +81,22 @@ def test_summary_table_of_committed_results():
     assert table[0].endswith("% copy at 8192 / 32768 |")
 
 
+@pytest.mark.parametrize("family", ["act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant",
+                                    "fp8_token_quant", "fp8_tensor_quant", "block_scaled_quant"])
+def test_readme_tables_are_the_committed_results(family):
+    """Each activation/quantization table of the README is the one act_quant_summary.py prints
+    from the committed JSON of that family's run: a figure changed by hand, or a table left from
+    an earlier run when the JSON was replaced, fails here."""
+    path = os.path.join(ROOT, "benchmarks", "results", f"act_quant-{family}-h200.json")
+    with open(path) as f:
+        data = json.load(f)
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    rows = common.summary_table(data["rows"], data["copy_tbs"]).splitlines()[2:]
+    missing = [row for row in rows if row not in readme]
+    assert not missing, f"README rows not in {os.path.basename(path)}'s table: {missing[:2]}"
+
+
 @pytest.mark.parametrize("content, message", [
     ("[1, 2]", "not a bench_act_quant.py result"),
     ('{"rows": [], "copy_tbs": 4}', "no benchmark rows"),
