@@ -23,16 +23,25 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   40 warps per SM (168960 vectors on 132 SMs); the seed's 16 (67584) left 128 tokens of 7168 and
   256-512 tokens of 2048-4096 on prefill, 17-30% slower;
 - MXFP8: the same crossover (decode up to 131072 by 13-30%, prefill from 229376 by 1-4%): 40;
-- MXFP4, whose packing costs the prefill shape more: decode up to 262144 by 2-19% (1024 tokens
-  of 2048: 3.27 vs 3.67; 256 of 7168: 3.02 vs 3.32), prefill from 458752 by 5-6%, level at
-  524288: 100 warps per SM (422400);
+- MXFP4, whose packing cost the prefill shape more before the FP4 codes moved to the FMA pipe:
+  decode up to 262144 by 2-19% (1024 tokens of 2048: 3.27 vs 3.67), prefill from 458752, 100
+  warps per SM (422400). Re-swept after that change (same command, one H200, 2026-11-30,
+  act_quant-block_scaled_quant-switch-sweep-fp4-h200.{md,json}): decode up to 229376 vectors
+  (512 tokens of 2048: 2.14 vs 2.38 µs; 256 of 7168: 2.82 vs 2.88; 128 of 14336 level, 2.83 vs
+  2.84), prefill from 262144 by 6-9% (1024 tokens of 2048: 2.86 vs 3.15; 512 of 4096: 2.94 vs
+  3.14): 56 warps per SM (236544);
 - fp8_token_quant keeps 16: decode up to 65536 (2048 at 256 tokens: 1.75 vs 1.87), prefill
   from 114688 (7168 at 128: 2.00 vs 2.25);
 - nvfp4_quant: decode won at every size while each element took 31-33 instructions; with the
   round-to-odd e2m1 and the branch-free scale (23-26) the prefill shape wins from 8192 tokens by
   13-18% (7168 x 32768: 240 vs 279 µs) and decode at 1-128 tokens (7168 x 128: 2.47 vs 2.66;
   H200, 2026-11-30, act_quant-block_scaled_quant-h200.md, both forced). Between 128 and 8192
-  tokens it takes MXFP4's switch (the same shapes and packing, not swept for NVFP4): 100.
+  tokens it took MXFP4's switch then, 100; the sweep above, after the FP4 change, measured NVFP4
+  on its own: decode up to 262144 vectors (512 tokens of 4096: 3.39 vs 3.47 µs; 1024 of 2048
+  level, 3.54 vs 3.51), prefill from 458752 by 3-6% (512 of 7168: 4.68 vs 5.00; 256 of 14336:
+  4.86 vs 5.01), so it keeps 100 (422400). MXFP8 keeps 40: in that sweep 131072 vectors are
+  level (512 tokens of 2048: 2.03 vs 1.98; 256 of 4096: 2.05 vs 2.05), 114688 decode (128 of
+  7168: 1.99 vs 2.17), 229376 prefill (2.53 vs 2.84).
   Its prefill shape keeps 4 vectors per thread (56 registers, 55% occupancy): 2 vectors (32
   registers, full occupancy, 22.5 instead of 21.3 instructions per element) measured 1-6%
   slower from 8192 tokens (7168 x 32768: 243.8 vs 229.1 µs; same H200 session). After the FP4
@@ -76,4 +85,4 @@ NARROW_PREFILL_MAX_VECS = 2
 DECODE_WARPS_PER_SM = 16
 # fp8_group_quant and the block-scaled formats (measured: see above)
 FP8_GROUP_DECODE_WARPS_PER_SM = 40
-MX_DECODE_WARPS_PER_SM = {"mxfp8": 40, "mxfp4": 100, "nvfp4": 100}
+MX_DECODE_WARPS_PER_SM = {"mxfp8": 40, "mxfp4": 56, "nvfp4": 100}
