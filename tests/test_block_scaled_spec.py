@@ -54,10 +54,13 @@ def test_config_and_arguments():
     assert g.shape == (1,) and g.dtype == "float32"
     assert s.dtype == "float8_e4m3fn" and s.shape == (Dim("tokens"), 256)
     for arch, vec in (("sm_90a", 8), ("sm_100a", 16)):
-        for fmt, block in (("mxfp8", 32), ("nvfp4", 16)):
+        for fmt, block in (("mxfp8", 32), ("mxfp4", 32), ("nvfp4", 16)):
             for v in _family(fmt).variants(_config(hidden=4096, format=fmt), get_arch(arch)):
-                assert v.constants["vec"] == vec
-                assert v.constants["group_lanes"] == block // vec
+                # NVFP4's prefill shape takes a whole 16-element block per unit (two 16-byte
+                # loads on sm_90a): no shuffle, one scale per block; every other shape one access
+                unit = block if (fmt, v.name) == ("nvfp4", "prefill") else vec
+                assert v.constants["vec"] == unit
+                assert v.constants["group_lanes"] == block // unit
                 assert v.constants["native_e2m1"] == (arch == "sm_100a")
 
 

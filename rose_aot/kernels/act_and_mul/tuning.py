@@ -49,6 +49,14 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   (256, 2) and (512, 4) (threads, vectors per thread) were built and forced against the shipped
   (256, 4) for MXFP4 and NVFP4 in one call: none faster at most points (NVFP4 (256, 2) 1-7%
   slower at 8192 tokens; benchmarks/results/fp4-ab-and-prefill-shapes-h200.md), so it stays.
+  Its unit of work is a whole 16-element block instead of one 16-byte access (block_scaled_quant/
+  family.py; two loads per unit on sm_90a, the access is already 32 bytes on sm_100a): each
+  block's scale is computed once instead of on both lanes, with no shuffle, 639 -> 573 SASS
+  instructions per 32 elements at 7168 wide (54 -> 40 registers). Both in one H200 call,
+  alternating old, new, old, new (benchmarks/results/block-scaled-whole-block-experiment-h200.md):
+  2-5% faster at every width and 8192 / 32768 tokens (7168 x 8192: 50.2 -> 47.5 µs). The same
+  unit for MXFP8 and MXFP4 (a 32-element block, 64 bytes per thread) was 40-52% slower for MXFP8
+  and -5% to +5% for MXFP4, so they keep one access per unit.
 
 fp8_group_quant's prefill shape for narrow rows (at most NARROW_ROW_VECTORS vectors: hidden 2048
 in bf16): NARROW_PREFILL_THREADS-thread blocks of one row, NARROW_PREFILL_MAX_VECS vectors per
