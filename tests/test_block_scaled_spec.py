@@ -56,9 +56,9 @@ def test_config_and_arguments():
     for arch, vec in (("sm_90a", 8), ("sm_100a", 16)):
         for fmt, block in (("mxfp8", 32), ("mxfp4", 32), ("nvfp4", 16)):
             for v in _family(fmt).variants(_config(hidden=4096, format=fmt), get_arch(arch)):
-                # NVFP4's prefill shape takes a whole 16-element block per unit (two 16-byte
-                # loads on sm_90a): no shuffle, one scale per block; every other shape one access
-                unit = block if (fmt, v.name) == ("nvfp4", "prefill") else vec
+                # the FP4 prefill shapes take 16 elements per unit (two 16-byte loads on
+                # sm_90a): NVFP4's whole block, half of MXFP4's; every other shape one access
+                unit = 16 if v.name == "prefill" and fmt != "mxfp8" else vec
                 assert v.constants["vec"] == unit
                 assert v.constants["group_lanes"] == block // unit
                 assert v.constants["native_e2m1"] == (arch == "sm_100a")

@@ -56,7 +56,11 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   alternating old, new, old, new (benchmarks/results/block-scaled-whole-block-experiment-h200.md):
   2-5% faster at every width and 8192 / 32768 tokens (7168 x 8192: 50.2 -> 47.5 µs). The same
   unit for MXFP8 and MXFP4 (a 32-element block, 64 bytes per thread) was 40-52% slower for MXFP8
-  and -5% to +5% for MXFP4, so they keep one access per unit.
+  and -5% to +5% for MXFP4; 16-element units for them (half a block, two lanes per block; one
+  call, alternating old, new, old, new, benchmarks/results/block-scaled-half-block-experiment-
+  h200.md) made MXFP4 3.7-13% faster at every width and 8192 / 32768 tokens (7168 x 8192: 39.9
+  -> 37.5 µs; 401 -> 345 SASS instructions per 32 elements) and MXFP8 2-18% slower. So both FP4
+  formats take 16-element units (FP4_PREFILL_UNIT) and MXFP8 one access.
 
 fp8_group_quant's prefill shape for narrow rows (at most NARROW_ROW_VECTORS vectors: hidden 2048
 in bf16): NARROW_PREFILL_THREADS-thread blocks of one row, NARROW_PREFILL_MAX_VECS vectors per
