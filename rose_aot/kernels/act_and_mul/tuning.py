@@ -29,7 +29,8 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   act_quant-block_scaled_quant-switch-sweep-fp4-h200.{md,json}): decode up to 229376 vectors
   (512 tokens of 2048: 2.14 vs 2.38 µs; 256 of 7168: 2.82 vs 2.88; 128 of 14336 level, 2.83 vs
   2.84), prefill from 262144 by 6-9% (1024 tokens of 2048: 2.86 vs 3.15; 512 of 4096: 2.94 vs
-  3.14): 56 warps per SM (236544);
+  3.14): 56 warps per SM (236544). (Swept before MXFP4's 16-element prefill units, below, which
+  made its prefill kernel 4-13% faster from 8192 tokens; not re-swept since.)
 - fp8_token_quant keeps 16: decode up to 65536 (2048 at 256 tokens: 1.75 vs 1.87), prefill
   from 114688 (7168 at 128: 2.00 vs 2.25);
 - nvfp4_quant: decode won at every size while each element took 31-33 instructions; with the
@@ -42,7 +43,7 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   4.86 vs 5.01), so it keeps 100 (422400). MXFP8 keeps 40: in that sweep 131072 vectors are
   level (512 tokens of 2048: 2.03 vs 1.98; 256 of 4096: 2.05 vs 2.05), 114688 decode (128 of
   7168: 1.99 vs 2.17), 229376 prefill (2.53 vs 2.84).
-  Its prefill shape keeps 4 vectors per thread (56 registers, 55% occupancy): 2 vectors (32
+  Its prefill shape kept 4 vectors per thread (56 registers, 55% occupancy): 2 vectors (32
   registers, full occupancy, 22.5 instead of 21.3 instructions per element) measured 1-6%
   slower from 8192 tokens (7168 x 32768: 243.8 vs 229.1 µs; same H200 session). After the FP4
   codes moved off the ALU pipe (block_scaled_quant/device.py), the prefill shapes (128, 4),
