@@ -29,8 +29,11 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   act_quant-block_scaled_quant-switch-sweep-fp4-h200.{md,json}): decode up to 229376 vectors
   (512 tokens of 2048: 2.14 vs 2.38 µs; 256 of 7168: 2.82 vs 2.88; 128 of 14336 level, 2.83 vs
   2.84), prefill from 262144 by 6-9% (1024 tokens of 2048: 2.86 vs 3.15; 512 of 4096: 2.94 vs
-  3.14): 56 warps per SM (236544). (Swept before MXFP4's 16-element prefill units, below, which
-  made its prefill kernel 4-13% faster from 8192 tokens; not re-swept since.)
+  3.14): 56 warps per SM (236544). Swept again after MXFP4's 16-element prefill units (below;
+  one H200, 2026-12-01, act_quant-block_scaled_quant-switch-sweep-fp4-16-h200.md): decode up to
+  131072 vectors (512 tokens of 2048: 2.16 vs 2.26 µs; 256 of 4096: 2.13 vs 2.40), level at
+  229376 (256 of 7168: 2.82 vs 2.83; 128 of 14336: 2.80 vs 2.76), prefill from 262144 (1024 of
+  2048: 3.13 vs 2.75; 512 of 4096: 3.12 vs 2.81), so the switch holds.
 - fp8_token_quant keeps 16: decode up to 65536 (2048 at 256 tokens: 1.75 vs 1.87), prefill
   from 114688 (7168 at 128: 2.00 vs 2.25);
 - nvfp4_quant: decode won at every size while each element took 31-33 instructions; with the
