@@ -44,7 +44,7 @@ PHASES = (
     ("index_json", "rose_aot.bundle.format", "_decode_index"),
     ("blob_table", "rose_aot.bundle.format", "_check_blob_table"),
     ("frame_headers", "rose_aot.bundle.format", "_check_frame_header"),
-    ("records_and_plans", "rose_aot.loader.runtime", "KernelBundle._check_point"),
+    ("records_and_plans", "rose_aot.loader.runtime", "KernelBundle._check_record"),
     ("decompress_sha256", "rose_aot.bundle.format", "BundleReader._decompress"),
     ("cubin_check", "rose_aot.kernels.record", "VariantRecord.check_cubin"),
     ("cuModuleLoadData", "rose_aot.loader.driver", "load_module"),
@@ -96,7 +96,7 @@ tasks = bundle._variants("sm_90a")
 
 def entries(task):
     key, arch, name = task
-    return bundle._records[(key, arch)].variant(name).entries
+    return bundle.record(key, arch).variant(name).entries
 
 keep = []
 t2 = time.perf_counter()

@@ -435,3 +435,19 @@ def test_warmup_byte_compiles_the_package_the_probes_import(tmp_path):
         assert (package / "__pycache__" / f"sub.{tag}.pyc").is_file()
     missing = warmup.byte_compile(str(tmp_path / "nowhere"))
     assert missing.startswith("byte-compiled: NOT ") and "no such package" in missing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bytes-per-element", "0"], "--bytes-per-element must be positive"),
+    (["--widths", "4096,x"], "is not a comma-separated list of positive integers"),
+    ([], "needs a CUDA device"),
+])
+def test_copy_sizes_refuses_bad_options_and_a_machine_without_a_gpu(argv, message):
+    """copy_sizes.py: a bad option is one argparse line (exit 2) and, on this CPU machine, a
+    good one says that it needs a GPU (exit 1) instead of a traceback."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "copy_sizes.py"), *argv],
+                         capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == (1 if not argv else 2) and message in run.stderr
+    assert "Traceback" not in run.stderr

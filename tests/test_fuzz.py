@@ -12,6 +12,7 @@ file in well under a minute on 2 cores. ROSE_AOT_FUZZ_EXAMPLES=N runs N per targ
 
 from __future__ import annotations
 
+import copy
 import contextlib
 import hashlib
 import json
@@ -184,7 +185,7 @@ def mutate_json(data, doc, rounds: int = 3):
         elif op == "copy":
             other = data.draw(st.sampled_from(nodes))
             if other[: len(path)] != path:
-                parent[key] = json.loads(json.dumps(_get(doc, other)))
+                parent[key] = copy.deepcopy(_get(doc, other))  # (ints of any length)
         elif op == "add" and isinstance(value, dict):
             value[data.draw(st.text(max_size=8))] = data.draw(JSON_VALUES)
 

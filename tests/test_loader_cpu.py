@@ -873,7 +873,8 @@ def cpu_device_bundle(shipped_build, monkeypatch):
     monkeypatch.setattr(driver, "stream_object", lambda raw: ("stream object", raw))
     monkeypatch.setattr(driver, "_launch_api", dict(driver._PYTHON_DEFAULT))
     bundle = open_bundle(shipped_build.path)
-    bundle._device_arch[-1] = "sm_90a"
+    bundle._device_arch[-1] = "sm_90a"  # as arch_for_device leaves it, which checks the
+    bundle.check_records("sm_90a")  # arch's records first
     bundle._sm_counts[-1] = 132
     for (key, arch), record in bundle._records.items():
         for v in record.variants:

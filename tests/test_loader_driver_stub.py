@@ -122,6 +122,7 @@ PROBE = textwrap.dedent(
     runtime._stream_getter = lambda: (lambda device: 0x7777)
     bundle = open_bundle(sys.argv[1])
     bundle._device_arch[-1] = "sm_90a"
+    bundle.check_records("sm_90a")  # as arch_for_device does
     bundle._sm_counts[-1] = 132
     for (key, arch), record in bundle._records.items():
         for v in record.variants:

@@ -178,8 +178,34 @@ def test_swapped_blob_contents_are_refused(tmp_path, tiny_build):
         blobs[a], blobs[b] = blobs[b], blobs[a]
 
     bad = rewrite_bundle(tiny_build.path, tmp_path / "swapped.rosebundle", edit_blobs=swap)
-    with pytest.raises(BundleError, match="not the artifact its record was compiled with"):
-        open_bundle(bad)
+    _refused_when_its_arch_is_used(bad, "sm_90a", "not the artifact its record was compiled with")
+
+
+def _refused_when_its_arch_is_used(bad, arch: str, message: str) -> None:
+    """A bundle whose records of `arch` are bad: it opens (open_bundle checks each arch's
+    records at that arch's first use), the other arch serves, and every use of `arch` raises
+    the same BundleError, again on a second try; verify's eager check refuses it at once."""
+    from rose_aot.bundle import BundleReader
+    from rose_aot.errors import BundleError
+    from rose_aot.loader import KernelBundle, open_bundle
+
+    bundle = open_bundle(bad)
+    others = sorted({p["arch"] for p in bundle.index["points"]} - {arch})
+    assert others  # the tiny build has two archs
+    for other in others:
+        bundle.check_records(other)
+        key = bundle.points(other)[0]
+        assert bundle.record(key, other).variants
+    key = bundle.points(arch)[0]
+    uses = [lambda: bundle.check_records(arch), lambda: bundle.check_records(),
+            lambda: bundle.record(key, arch), lambda: bundle.check_artifacts(arch),
+            lambda: bundle.check_records(arch)]
+    for use in uses:
+        with pytest.raises(BundleError, match=message):
+            use()
+    assert arch not in bundle._archs_checked
+    with pytest.raises(BundleError, match=message):
+        KernelBundle(BundleReader.open(bad))
 
 
 def test_record_of_another_version_is_refused(tmp_path, tiny_build):
@@ -195,18 +221,17 @@ def test_record_of_another_version_is_refused(tmp_path, tiny_build):
 
 
 def test_record_the_plan_cannot_read_is_refused(tmp_path, tiny_build):
-    """A record without a constant the family's plan reads is not understood: refused at open,
-    not at the first launch."""
-    from rose_aot.errors import BundleError
-    from rose_aot.loader import open_bundle
+    """A record without a constant the family's plan reads is not understood: refused when its
+    arch is first used, before any load or launch of it."""
+    arch = []
 
     def drop(index):
         point = next(p for p in index["points"] if p["family"] == "rms_norm")
         del point["variants"][0]["constants"]["rows_per_block"]
+        arch.append(point["arch"])
 
     bad = rewrite_bundle(tiny_build.path, tmp_path / "nodecode.rosebundle", edit_index=drop)
-    with pytest.raises(BundleError, match="launch plan does not understand the record"):
-        open_bundle(bad)
+    _refused_when_its_arch_is_used(bad, arch[0], "launch plan does not understand the record")
 
 
 def test_loader_packs_from_the_record_not_from_the_family(tiny_build):
@@ -300,6 +325,7 @@ def test_hostile_record_fields_end_in_bundle_errors(tmp_path, tiny_build):
             bundle = open_bundle(path)
             for key in bundle.points():
                 bundle.handle(key)
+            bundle.check_records()
         except RoseAotError:
             refused += 1
     assert refused > 100  # nearly every edit breaks the record; the rest must still open

@@ -64,6 +64,30 @@ def test_open_decompresses_no_artifact(tiny_build, monkeypatch):
     assert KernelBundle(BundleReader.open(tiny_build.path)).check_artifacts() > len(cubins)
 
 
+def test_open_reads_no_record_and_a_device_reads_only_its_archs(tiny_build, monkeypatch):
+    """open_bundle checks configs and keys only; the first device of an arch reads and checks
+    that arch's records (all of them, once), never another arch's."""
+    import torch
+
+    from rose_aot.kernels.record import PointRecord
+
+    read = []
+    real = PointRecord.from_json.__func__
+    monkeypatch.setattr(PointRecord, "from_json", classmethod(
+        lambda cls, data, memo=None: read.append((data["key"], data["arch"])) or real(cls, data, memo)))
+    bundle = open_bundle(tiny_build.path)
+    handles = [bundle.handle(key) for key in bundle.points()]
+    assert read == [] and bundle._archs_checked == set()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    assert bundle.arch_for_device(0) == "sm_90a"
+    ours = [(p["key"], p["arch"]) for p in bundle.index["points"] if p["arch"] == "sm_90a"]
+    assert read == ours and bundle._archs_checked == {"sm_90a"}
+    assert bundle.arch_for_device(0) == "sm_90a" and bundle.record(*ours[0]) is not None
+    assert [h.arg_names for h in handles] and read == ours  # from the checked arch's records
+    bundle.check_records()  # every arch, as verify does: the others now, sm_90a not again
+    assert sorted(read) == sorted((p["key"], p["arch"]) for p in bundle.index["points"])
+
+
 def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
     tiny_build, tmp_path, recorded_loads
 ):
@@ -144,8 +168,8 @@ def test_a_handle_takes_the_config_checked_at_open(tiny_build, monkeypatch):
         point = next(p for p in bundle.index["points"] if p["key"] == key)
         assert handle.key == key and bundle.handle(key) is handle
         assert handle.config == get_family(point["family"]).make_config(**point["config"])
-        assert set(handle._records) == {p["arch"] for p in bundle.index["points"]
-                                        if p["key"] == key}
+        assert set(handle._archs) == {p["arch"] for p in bundle.index["points"]
+                                      if p["key"] == key}
     conversions.clear()
     point = bundle.index["points"][0]
     assert bundle.kernel(point["family"], **point["config"]).key == point["key"]

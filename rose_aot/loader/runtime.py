@@ -63,11 +63,14 @@ def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBun
     of them, else BundleError naming the key ids (see rose_aot.bundle.signing).
 
     Verified here: the header, the index (with its table of artifacts and their sha256) and
-    every point's record (see KernelBundle). Each artifact's bytes are checked the first time
-    a load needs them (preload, or the first launch of its variant on a device), before any
-    byte reaches the driver, with the same BundleError an eager check raises; so a damaged
-    cubin of a point never loaded, or of another arch, costs nothing and fails nothing.
-    `rose-aot verify` and KernelBundle(reader) check every artifact at once."""
+    every point's config and key (see KernelBundle). The records of an arch are checked when
+    the arch is first used (the first device of it, preload, `record`, `check_artifacts`), all
+    of that arch's points at once; each artifact's bytes the first time a load needs them
+    (preload, or the first launch of its variant on a device), before any byte reaches the
+    driver. Either raises the same BundleError an eager check raises; so a damaged record or
+    cubin of another arch costs nothing and fails nothing (an H200 process does not read a
+    bundle's sm_100a records). `rose-aot verify` and KernelBundle(reader) check every record
+    and every artifact at once."""
     reader = BundleReader.open(path)
     check_signature(reader, trusted_keys)
     return KernelBundle(reader, use_ptx=use_ptx, check_artifacts=False)
@@ -77,13 +80,16 @@ class KernelBundle:
     """The kernels of one verified bundle, loaded per device on demand.
 
     Construction checks the index's JSON types and record version (check_kernel_index), then
-    every (point, arch) of the index: its config and key, its record (read strictly), that the
+    every (point, arch) of the index: its family, config and key. The records are checked per
+    arch (check_records): for each point of the arch, its record (read strictly), that the
     artifacts it names are in the bundle with the record's sha256, that each parameter is the
-    packing of its argument, and that this rose-aot's plan can launch from it. With `check_artifacts` (the default; `rose-aot verify`) it also decompresses every
-    artifact a load would hand the driver, checks its sha256 and, for a cubin, its entries,
-    block size and parameter sizes against the record. Without it (open_bundle), that check
-    runs at the artifact's first load, in verified_image(): no artifact reaches the driver
-    unchecked either way, and the error is the same BundleError.
+    packing of its argument, and that this rose-aot's plan can launch from it. With
+    `check_artifacts` (the default; `rose-aot verify`) construction checks every arch's records
+    and decompresses every artifact a load would hand the driver, checks its sha256 and, for a
+    cubin, its entries, block size and parameter sizes against the record. Without it
+    (open_bundle), an arch's records are checked when the arch is first used and each artifact
+    at its first load, in verified_image(): no record is used and no artifact reaches the
+    driver unchecked either way, and the error is the same BundleError.
     """
 
     def __init__(self, reader: BundleReader, *, use_ptx: bool = False,
@@ -98,11 +104,16 @@ class KernelBundle:
         self.index = index
         # blob name -> sha256 of its decompressed bytes, what each record must name
         self._raw_digests = reader.raw_digests()
-        # (point key, arch) -> the point's index entry and its record
+        # (point key, arch) -> the point's index entry (config and key checked)
         self._points: dict[tuple[str, str], dict] = {}
+        # Filled per arch by check_records: (point key, arch) -> its record, and (point key,
+        # arch, variant name) -> the variant's index entry and its record.
         self._records: dict[tuple[str, str], PointRecord] = {}
-        # (point key, arch, variant name) -> the variant's index entry and its record
         self._variants_by_name: dict[tuple[str, str, str], tuple[dict, VariantRecord]] = {}
+        # The archs whose records are checked (read without the lock: a set's membership test
+        # is atomic, and an arch is added only after its records are in the dicts above).
+        self._archs_checked: set[str] = set()
+        self._records_lock = threading.Lock()
         points = index.get("points", [])
         # Argument -> its packing: points share many argument specs (a ParamRecord takes longer
         # to derive than to look up).
@@ -115,21 +126,9 @@ class KernelBundle:
         if not isinstance(points, list):
             raise BundleError(f"{self.path}: the index's points are not a list; {_REBUILD}")
         for point in points:
-            try:
-                record, family, config = self._check_point(point)
-            except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
-                if isinstance(exc, RoseAotError):
-                    raise
-                what = point.get("key", "?") if isinstance(point, dict) else "?"
-                raise BundleError(
-                    f"{self.path}: the record of point {str(what)[:200]!r} is malformed or not "
-                    f"understood by this rose-aot ({type(exc).__name__}: {exc}); {_REBUILD}"
-                ) from exc
+            family, config = self._malformed_as_bundle_error(point, self._check_config, point)
             self._points[(point["key"], point["arch"])] = point
-            self._records[(point["key"], point["arch"])] = record
             self._configs.setdefault(point["key"], (family, config))
-            for raw, variant in zip(point["variants"], record.variants):
-                self._variants_by_name[(point["key"], point["arch"], variant.name)] = raw, variant
         # (device, key, arch, variant name) -> its module in the device's context (kept: its
         # functions live as long as it does)
         self._modules: dict[tuple[int, str, str, str], object] = {}
@@ -145,11 +144,22 @@ class KernelBundle:
             self.check_artifacts()
 
     # --- the record: read, bound to its artifacts, understood by this rose-aot ----------------
-    def _check_point(self, point: dict) -> tuple:
-        """(record, family, config) of the point, after checking that the record belongs to
-        its point, that the artifacts it names are in the bundle with its sha256 (the bytes
-        themselves: verified_image), and that this rose-aot's plan for the family can launch
-        from it. Nothing is recomputed."""
+    def _malformed_as_bundle_error(self, point, check, *args):
+        """check(*args), with a malformed point's KeyError, TypeError... as one BundleError."""
+        try:
+            return check(*args)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            if isinstance(exc, RoseAotError):
+                raise
+            what = point.get("key", "?") if isinstance(point, dict) else "?"
+            raise BundleError(
+                f"{self.path}: the record of point {str(what)[:200]!r} is malformed or not "
+                f"understood by this rose-aot ({type(exc).__name__}: {exc}); {_REBUILD}"
+            ) from exc
+
+    def _check_config(self, point: dict) -> tuple:
+        """(family, config) of the point, after checking that this rose-aot knows its family,
+        config and arch, and that its key is its config's."""
         try:
             family = get_family(point["family"])
             config = family.make_config(**point["config"])
@@ -162,6 +172,37 @@ class KernelBundle:
         key = point["key"]
         if family.key(config) != key:
             raise BundleError(f"{self.path}: point key {key!r} does not match its config")
+        return family, config
+
+    def check_records(self, arch: str | None = None) -> None:
+        """Check the record of every point of `arch` (default: every arch), once per arch: the
+        loader does it when an arch is first used. The first error in index order is raised,
+        and the arch stays unchecked (a later use raises it again)."""
+        for a in ([arch] if arch is not None else sorted({a for _, a in self._points})):
+            if a in self._archs_checked:
+                continue
+            with self._records_lock:
+                if a in self._archs_checked:
+                    continue
+                records, variants = {}, {}
+                for (key, point_arch), point in self._points.items():
+                    if point_arch != a:
+                        continue
+                    records[key, a] = record = self._malformed_as_bundle_error(
+                        point, self._check_record, point)
+                    for raw, variant in zip(point["variants"], record.variants):
+                        variants[key, a, variant.name] = raw, variant
+                self._records.update(records)
+                self._variants_by_name.update(variants)
+                self._archs_checked.add(a)
+
+    def _check_record(self, point: dict) -> PointRecord:
+        """The point's record, after checking that it belongs to its point, that the artifacts
+        it names are in the bundle with its sha256 (the bytes themselves: verified_image), and
+        that this rose-aot's plan for the family can launch from it. Nothing is recomputed."""
+        key = point["key"]
+        family, config = self._configs[key]
+        arch = get_arch(point["arch"])
         record = PointRecord.from_json(point, self._record_memo)
         where = f"{self.path}: {key} on {arch.name}"
         for raw, variant in zip(point["variants"], record.variants):
@@ -206,7 +247,7 @@ class KernelBundle:
                 f"record ({type(exc).__name__}: {exc}); rebuild the bundle with the rose-aot "
                 f"version that serves it"
             ) from None
-        return record, family, config
+        return record
 
     # --- the artifacts: verified before a load hands them to the driver ------------------------
     def verified_image(self, key: str, arch: str, variant_name: str) -> bytes:
@@ -216,6 +257,7 @@ class KernelBundle:
         parameter sizes (so an artifact stored under the wrong point or variant never reaches
         the driver). BundleError otherwise. The CPU side of every load; safe from any thread."""
         checked = (key, arch, variant_name)
+        self.check_records(arch)
         raw, record = self._variants_by_name[checked]
         if self.use_ptx:
             return self.reader.blob(raw["ptx"]) + b"\0"
@@ -236,7 +278,9 @@ class KernelBundle:
         """Verify now, as loads would (verified_image), the artifact of every variant of
         `arch`'s points (default: every arch); with `threads` > 1, on `threads - 1` helper
         threads while this one takes their results in order. The first error in (point, arch,
-        variant) order is raised. Returns the number of variants checked."""
+        variant) order is raised, after every record of those archs was checked (check_records).
+        Returns the number of variants checked."""
+        self.check_records(arch)
         tasks = self._variants(arch)
         with closing(_in_order(self.verified_image, tasks, threads - 1)) as outcomes:
             error = next((exc for ok, exc in outcomes if not ok), None)
@@ -289,11 +333,17 @@ class KernelBundle:
 
     def record_args(self, key: str) -> tuple:
         """The call arguments of a point, from its record (the same on every arch but for
-        alignment)."""
-        for (k, _arch), record in self._records.items():
-            if k == key:
-                return record.args
-        raise KernelNotFoundError(key, [])
+        alignment): of an arch already checked where there is one (a device's), so that asking
+        checks no other arch's records."""
+        archs = self._archs_of(key)
+        if not archs:
+            raise KernelNotFoundError(key, [])
+        return self.record(key, self.preferred_arch(archs)).args
+
+    def preferred_arch(self, archs: list[str]) -> str:
+        """Of `archs`, one whose records are checked already (an arch a device used), else the
+        first."""
+        return next((a for a in archs if a in self._archs_checked), archs[0])
 
     def _nearest(self, family, config, limit: int = 3) -> list[str]:
         mine = dataclasses.asdict(config)
@@ -332,6 +382,7 @@ class KernelBundle:
                     f"bundle {self.path} has cubins for: {have or 'no arch'}; rebuild it with "
                     f"--arch for this GPU"
                 )
+            self.check_records(arch)
             self._device_arch[device] = arch
         return arch
 
@@ -367,7 +418,7 @@ class KernelBundle:
         """(module, CUfunctions of the entries) of one variant, loaded from its verified image
         into the current context (that of `device`). Stores nothing: the caller does
         (_keep_loaded), holding the bundle's lock."""
-        record = self._records[(key, arch)].variant(variant_name)
+        record = self.record(key, arch).variant(variant_name)
         module = driver.load_module(image, f"{key} {variant_name} ({arch}) on cuda:{device}")
         kernels = []
         for entry in record.entries:
@@ -392,7 +443,9 @@ class KernelBundle:
         return count
 
     def record(self, key: str, arch: str) -> PointRecord:
-        """The record of (point key, arch), as the index holds it."""
+        """The record of (point key, arch), as the index holds it (checking the arch's records
+        first: check_records)."""
+        self.check_records(arch)
         return self._records[(key, arch)]
 
     def _archs_of(self, key: str) -> list[str]:
@@ -448,7 +501,9 @@ class KernelBundle:
             return sum(len(self._device_kernels[(device, *t)]) for t in self._variants(arch))
 
     def describe(self) -> dict:
-        """What `rose-aot inspect --json` prints: a summary of the index (no artifacts)."""
+        """What `rose-aot inspect --json` prints: a summary of the index (no artifacts), of
+        every arch's checked records (check_records)."""
+        self.check_records()
         points = []
         for (key, arch), p in sorted(self._points.items()):
             points.append(
@@ -559,22 +614,15 @@ class KernelHandle:
         self.family = family
         self.config = config
         self.key = family.key(config)
-        # Per arch the bundle has this point for: its record and where each plan size is read
-        # from; the rest of an arch's state (`_arch`) is built when a device of it is first used.
-        self._records: dict[str, tuple] = {}
-        for arch in sorted(a for k, a in bundle._records if k == self.key):
-            record = bundle._records[(self.key, arch)]
-            sources = [_size_source(record.args, size) for size in family.size_names]
-            self._records[arch] = (record, sources)
+        # The archs the bundle has this point for; an arch's state (`_arch`: its record, where
+        # each plan size is read from...) is built when it is first used.
+        self._archs = bundle._archs_of(self.key)
         # Per arch: (record, binder, packers by variant, size sources).
         self._arch_state: dict[str, tuple] = {}
         self._raw_stream = _stream_getter()
         # Per arch: the launchers resolved for (device, *sizes), which the generated hot path
         # (ArgBinder.compile_fast_launch) looks up.
         self._launchers: dict[str, dict[tuple, object]] = {}
-        any_record = next(iter(self._records.values()))[0]
-        self._names = tuple(a.name for a in any_record.args)
-        self._has_workspace = bool(any_record.workspace)
         self._device_state: dict[int, tuple] = {}
         self._device_arch: dict[int, str] = {}
         # The hot path: that of the first arch a device used (a process with GPUs of two archs
@@ -592,7 +640,11 @@ class KernelHandle:
 
     @property
     def arg_names(self) -> tuple[str, ...]:
-        return self._names
+        return tuple(a.name for a in self._any_state[0].args)
+
+    @property
+    def _has_workspace(self) -> bool:
+        return bool(self._any_state[0].workspace)
 
     def record(self, device: int) -> PointRecord:
         """The record this handle launches from on `device`."""
@@ -606,7 +658,8 @@ class KernelHandle:
             with self._lock:
                 state = self._arch_state.get(arch)
                 if state is None:
-                    record, sources = self._records[arch]
+                    record = self.bundle.record(self.key, arch)
+                    sources = [_size_source(record.args, size) for size in self.family.size_names]
                     positions = {a.name: i for i, a in enumerate((*record.args, *record.workspace))}
                     packers = {v.name: ParamPacker(positions, v.params) for v in record.variants}
                     state = (record, ArgBinder(self.key, record.args, sources), packers, sources)
@@ -615,15 +668,20 @@ class KernelHandle:
         return state
 
     @property
+    def _any_state(self) -> tuple:
+        """The state of an arch this handle has, one a device used where there is one (checks
+        that need no device)."""
+        return self._arch(self.bundle.preferred_arch(self._archs))
+
+    @property
     def _any_binder(self) -> ArgBinder:
-        """The binder of an arch this handle has (checks that need no device)."""
-        return self._arch(next(iter(self._records)))[1]
+        return self._any_state[1]
 
     def _state(self, device: int) -> tuple:
         state = self._device_state.get(device)
         if state is None:
             arch = self.bundle.arch_for_device(device)
-            if arch not in self._records:
+            if arch not in self._archs:
                 raise KernelNotFoundError(
                     self.key, [], f"the bundle has it for {self.bundle._archs_of(self.key)} but "
                     f"cuda:{device} needs {arch}"
