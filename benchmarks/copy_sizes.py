@@ -50,8 +50,12 @@ def main() -> None:
             # each way a multiple of 16 bytes, as the kernels' tensors are: unrounded lengths
             # (2.53 bytes per element, odd byte counts) measured 62-70% of the 1 GiB copy
             each_way = int(width * tokens * args.bytes_per_element) // 2 // 16 * 16
-            src = torch.empty(each_way, dtype=torch.uint8, device="cuda")
-            dst = torch.empty_like(src)
+            try:
+                src = torch.empty(each_way, dtype=torch.uint8, device="cuda")
+                dst = torch.empty_like(src)
+            except torch.cuda.OutOfMemoryError:
+                sys.exit(f"copy_sizes.py: {width} x {tokens} needs two buffers of "
+                         f"{each_way / 1e9:.1f} GB, more than the GPU has free")
             us = bench_us(lambda: dst.copy_(src))
             tbs = 2 * src.numel() / us / 1e6
             row = {"width": width, "tokens": tokens, "bytes": 2 * src.numel(), "us": us,

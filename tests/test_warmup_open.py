@@ -86,6 +86,8 @@ def test_open_reads_no_record_and_a_device_reads_only_its_archs(tiny_build, monk
     assert [h.arg_names for h in handles] and read == ours  # from the checked arch's records
     bundle.check_records()  # every arch, as verify does: the others now, sm_90a not again
     assert sorted(read) == sorted((p["key"], p["arch"]) for p in bundle.index["points"])
+    with pytest.raises(ArgumentError, match="check_records"):
+        bundle.check_records(90)
 
 
 def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(

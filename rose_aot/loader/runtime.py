@@ -178,6 +178,9 @@ class KernelBundle:
         """Check the record of every point of `arch` (default: every arch), once per arch: the
         loader does it when an arch is first used. The first error in index order is raised,
         and the arch stays unchecked (a later use raises it again)."""
+        if arch is not None and not isinstance(arch, str):
+            raise ArgumentError(f"check_records(): the arch is a name such as 'sm_90a' or None "
+                                f"(got {type(arch).__name__} {arch!r:.60})")
         for a in ([arch] if arch is not None else sorted({a for _, a in self._points})):
             if a in self._archs_checked:
                 continue
