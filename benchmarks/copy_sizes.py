@@ -47,9 +47,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for width in args.widths:
         for tokens in args.tokens:
-            # each way a multiple of 16 bytes, as the kernels' tensors are: unrounded lengths
-            # (2.53 bytes per element, odd byte counts) measured 62-70% of the 1 GiB copy
-            each_way = int(width * tokens * args.bytes_per_element) // 2 // 16 * 16
+            # each way a multiple of 64 KiB: torch's copy of other lengths can be far slower
+            # (21,223,136 bytes each way: 2.96 TB/s; 21,168,128, a multiple of 64 KiB: 4.71;
+            # benchmarks/results/copy-alignment-probe-h200.log), which would say nothing about
+            # the size. The default widths and tokens at 3 bytes per element need no rounding.
+            each_way = max(65536, int(width * tokens * args.bytes_per_element) // 2 // 65536 * 65536)
             try:
                 src = torch.empty(each_way, dtype=torch.uint8, device="cuda")
                 dst = torch.empty_like(src)
