@@ -273,3 +273,27 @@ def test_in_order_closed_early_starts_no_more_work():
     time.sleep(0.02)
     assert len(started) == count < 20  # nothing started after close
     assert not [t for t in threading.enumerate() if t.name.startswith("rose-aot verify")]
+
+
+def test_a_device_of_an_arch_with_a_bad_record_is_refused_at_every_use(tiny_build, tmp_path,
+                                                                       monkeypatch):
+    """The first device of an arch checks its records: a bad one is a BundleError there, at
+    that device's every later use too (its arch is not remembered), and a handle made before
+    fails the same way at its launch checks; the bundle's other arch is not affected."""
+    import torch
+
+    def drop(index):
+        point = _rms_point(index, "sm_90a")
+        del point["variants"][0]["constants"]["rows_per_block"]
+
+    bad = rewrite_bundle(tiny_build.path, tmp_path / "bad90.rosebundle", edit_index=drop)
+    bundle = open_bundle(bad)
+    handle = bundle.handle(_rms_point(bundle.index, "sm_90a")["key"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    for use in (lambda: bundle.arch_for_device(0), lambda: bundle.arch_for_device(0),
+                lambda: handle.record(0)):
+        with pytest.raises(BundleError, match="launch plan does not understand the record"):
+            use()
+    assert 0 not in bundle._device_arch and bundle._archs_checked == set()
+    bundle.check_records("sm_100a")
+    assert bundle._archs_checked == {"sm_100a"}

@@ -341,9 +341,9 @@ class KernelBundle:
         archs = self._archs_of(key)
         if not archs:
             raise KernelNotFoundError(key, [])
-        return self.record(key, self.preferred_arch(archs)).args
+        return self.record(key, self._preferred_arch(archs)).args
 
-    def preferred_arch(self, archs: list[str]) -> str:
+    def _preferred_arch(self, archs: list[str]) -> str:
         """Of `archs`, one whose records are checked already (an arch a device used), else the
         first."""
         return next((a for a in archs if a in self._archs_checked), archs[0])
@@ -674,7 +674,7 @@ class KernelHandle:
     def _any_state(self) -> tuple:
         """The state of an arch this handle has, one a device used where there is one (checks
         that need no device)."""
-        return self._arch(self.bundle.preferred_arch(self._archs))
+        return self._arch(self.bundle._preferred_arch(self._archs))
 
     @property
     def _any_binder(self) -> ArgBinder:
