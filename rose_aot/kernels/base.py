@@ -191,7 +191,7 @@ class KernelFamily:
 
     def sample_sizes(self, config: Any) -> list[dict[str, int]]:
         """Runtime sizes covering every branch of the plan, for checks that a plan understands
-        a record (the loader at open, the builder, the conformance suite)."""
+        a record (the loader at an arch's first use, the builder, the conformance suite)."""
         return [{"tokens": t} for t in (1, 7, 1024, 65536)]
 
     def check_force(self, force: str | None) -> None:
