@@ -71,7 +71,7 @@ def test_arguments_and_workspace(arch):
     x, q, s = fam.args(c, a)
     assert s.shape == (1,) and s.dtype == "float32" and s.role == "output"
     (w,) = fam.workspace(c, a)
-    assert (w.dtype, w.shape, w.role) == ("int32", (4,), "workspace")
+    assert (w.dtype, w.shape, w.role) == ("int32", (8,), "workspace")
     for v in fam.variants(c, a):
         assert v.params == ("x", "q", "scale", "words")
     vec = 16 if arch == "sm_100a" else 8
@@ -133,7 +133,7 @@ def test_token_plan_switch_moves_with_the_sm_count():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("hidden", [2880, 4096, 65536])
-def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidden):
+def test_tensor_plan_one_block_then_one_cooperative_launch_then_two_kernels(arch, hidden):
     a = get_arch(arch)
     fam, c = _point(TENSOR, hidden=hidden)
     vs = _variants(fam, c, a)
@@ -145,12 +145,15 @@ def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidd
     single_capacity = vs["single"].threads * d.constants["single_max_vecs"]
     small_edge = small_capacity // units_per_token
     single_edge = single_capacity // units_per_token
+    decode_edge = d.constants["decode_max_elements"] // hidden
+    assert d.constants["decode_max_elements"] == 1 << 24
     for sm in (1, 16, 132, 148, 1024):
-        capacity = sm * d.threads * d.constants["decode_max_vecs"]
+        capacity = sm * d.constants["blocks_per_sm"] * d.threads * d.constants["decode_max_vecs"]
         edge = capacity // units_per_token
         for tokens in sorted({1, 7, 128, 4096, 20011, 1 << 20, max(1, edge), edge + 1,
                               max(1, small_edge), small_edge + 1,
-                              max(1, single_edge), single_edge + 1}):
+                              max(1, single_edge), single_edge + 1, decode_edge,
+                              decode_edge + 1}):
             for force in (None, "single_small", "single", "decode", "prefill"):
                 launches = fam.plan(c, vs, {"tokens": tokens}, sm, force)
                 units = tokens * units_per_token
@@ -160,8 +163,9 @@ def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidd
                               "single" if units <= single_capacity else None)
                 else:
                     single = force if force.startswith("single") else None
-                # measured slower than the two prefill kernels everywhere: forced only
-                decode = force == "decode"
+                # the one cooperative launch up to 2**24 elements (measured faster there)
+                decode = force == "decode" or (force is None and not single and
+                                               tokens * hidden <= 1 << 24)
                 if single:
                     # the whole tensor in one (non-cooperative) block, whatever the SM count
                     assert [(l.variant, l.grid) for l in launches] == [(single, (1, 1, 1))]
@@ -169,10 +173,11 @@ def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidd
                 elif decode:
                     (launch,) = launches
                     assert launch.variant == "decode"
-                    # cooperative grid limit: one block per SM at most, never more blocks
-                    # than there are vectors for
-                    assert 1 <= launch.grid[0] <= sm and launch.grid[1:] == (1, 1)
-                    assert launch.grid[0] == min(sm, -(-units // d.threads))
+                    # cooperative grid limit: blocks_per_sm blocks per SM at most (what the
+                    # build checked fits), never more blocks than there are vectors for
+                    per_sm = d.constants["blocks_per_sm"]
+                    assert 1 <= launch.grid[0] <= sm * per_sm and launch.grid[1:] == (1, 1)
+                    assert launch.grid[0] == min(sm * per_sm, -(-units // d.threads))
                 else:
                     assert [l.variant for l in launches] == ["prefill_absmax", "prefill_quant"]
                     for launch in launches:
@@ -182,9 +187,11 @@ def test_tensor_plan_one_block_or_two_kernels_cooperative_when_forced(arch, hidd
     # of the 1024-thread block (16384): one block; the two prefill kernels above that
     assert (small_capacity, single_capacity) == (512, 2048)
     one = ("single_small" if units_per_token <= small_capacity else
-           "single" if units_per_token <= single_capacity else "prefill_absmax")
+           "single" if units_per_token <= single_capacity else "decode")
     assert fam.plan(c, vs, {"tokens": 1}, 132)[0].variant == one
-    assert [l.variant for l in fam.plan(c, vs, {"tokens": 64}, 132)] == ["prefill_absmax", "prefill_quant"]
+    assert [l.variant for l in fam.plan(c, vs, {"tokens": 64}, 132)] == ["decode"]
+    assert [l.variant for l in fam.plan(c, vs, {"tokens": decode_edge + 1}, 132)] == [
+        "prefill_absmax", "prefill_quant"]
     with pytest.raises(ConfigError):
         fam.plan(c, vs, {"tokens": 1}, 132, "prefill_quant")
 
@@ -343,8 +350,8 @@ def test_compiles_with_expected_ptx(family, values, arch):
         if quantizes:  # device_utils.quotient: a reciprocal per scale, fma per element
             assert "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
             divisions = ptx.count("div.rn.f32") + ptx.count("rcp.rn.f32")
-            # single: the in-register path and the loop
-            paths = 2 if name in ("single", "single_small") else 1
+            # single and decode: the in-register path and the loop
+            paths = 2 if name in ("single", "single_small", "decode") else 1
             assert divisions <= 2 * paths, f"{name}: {divisions} divisions, one per element?"
             # no word packed from one 16-bit register twice (ptxas mis-packed such a word of e4m3
             # codes: tests/test_dispatch_fp8_spec.py)
@@ -358,11 +365,47 @@ def test_compiles_with_expected_ptx(family, values, arch):
             # barrier; programmatic dependent launch like the other one-wave decode kernels
             assert "atom." not in ptx and "bar.sync" in ptx
             assert "griddepcontrol.wait" in ptx and v.pdl > 0 and not v.cooperative
+        elif name == "decode":
+            # one rendezvous: the leader folds the block's max in, arrives with release and
+            # spins with acquire loads; the phase flip and the count out are acq_rel, the reset
+            # relaxed. No fence: the data never leaves its thread's registers, so no thread but
+            # the leader orders anything (a fence per thread was part of the 5 µs the seed's
+            # form took at one token). Two paths: resident and forced-larger.
+            assert v.cooperative and v.constants["blocks_per_sm"] >= 2
+            assert ptx.count("atom.global.max.s32") == 2
+            assert ptx.count("atom.global.release.add.u32") == 2
+            assert ptx.count("atom.global.acq_rel.add.u32") == 3  # 2 flips, 1 count out
+            assert ptx.count("atom.global.exch.b32") == 2 and "acq_rel.exch" not in ptx
+            assert "ld.acquire.gpu.global.b32" in ptx
+            assert "fence" not in ptx and "membar" not in ptx
+            assert "griddepcontrol" not in ptx
         else:
             reduces = name != "prefill_quant"
             assert ("atom.global.max.s32" in ptx) == reduces  # max on the float bits
             assert ("atom.global.acq_rel.add.u32" in ptx) == reduces  # last block counts in
             assert ("atom.global.acq_rel.exch.b32" in ptx) == reduces  # and zeroes the word
-            # the grid barrier (release arrival) only in the cooperative decode kernel
-            assert ("atom.global.release.add.u32" in ptx) == (name == "decode") == v.cooperative
+            assert "atom.global.release.add.u32" not in ptx and not v.cooperative
             assert "griddepcontrol" not in ptx
+
+
+def test_resident_blocks_follows_the_occupancy_rules():
+    from rose_aot.builder.compile import resident_blocks
+
+    assert resident_blocks(512, 50, 1092) == 2  # 50 -> 56 registers a thread, 28672 a block
+    assert resident_blocks(512, 64, 0) == 2 and resident_blocks(512, 65, 0) == 1
+    assert resident_blocks(256, 32, 0) == 8 and resident_blocks(1024, 32, 0) == 2
+    assert resident_blocks(128, 16, 100 * 1024) == 2  # shared memory bounds it
+
+
+def test_build_refuses_a_cooperative_plan_of_more_blocks_per_sm_than_fit(monkeypatch):
+    """The cooperative decode launch puts blocks_per_sm blocks on every SM; a kernel whose
+    registers allow fewer would fail every launch at serving, so the build refuses it."""
+    pytest.importorskip("cutlass")
+    from rose_aot.builder.compile import compile_point
+    from rose_aot.kernels.fp8_tensor_quant import family as tensor_family
+
+    fam, c = _point(TENSOR, hidden=4096)
+    monkeypatch.setattr(tensor_family, "DECODE_BLOCKS_PER_SM", 3)
+    with pytest.raises(RuntimeError, match=r"2 block\(s\) of 512 threads fit an SM, but its "
+                                           r"cooperative plan launches 3 per SM"):
+        compile_point(TENSOR, c, get_arch("sm_90a"))

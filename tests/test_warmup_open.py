@@ -90,6 +90,25 @@ def test_open_reads_no_record_and_a_device_reads_only_its_archs(tiny_build, monk
         bundle.check_records(90)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80", "SM_90A", ""])
+def test_an_arch_the_bundle_lacks_is_an_argument_error_not_nothing_to_check(tiny_build, arch):
+    """check_records / check_artifacts / record with an arch the bundle was not built for (a
+    typo) say so and name the bundle's archs, instead of checking nothing and returning 0."""
+    from rose_aot.errors import KernelNotFoundError
+
+    bundle = open_bundle(tiny_build.path)
+    uses = (lambda: bundle.check_records(arch), lambda: bundle.check_artifacts(arch),
+            lambda: bundle.record(bundle.points()[0], arch))
+    for use in uses:
+        with pytest.raises(ArgumentError, match=r"built for sm_100a, sm_90a"):
+            use()
+    assert bundle._archs_checked == set()
+    key = bundle.points("sm_90a")[0]
+    assert bundle.record(key, "sm_90a").variants
+    with pytest.raises(KernelNotFoundError, match="no kernel rms_norm.nope"):
+        bundle.record("rms_norm.nope", "sm_90a")
+
+
 def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
     tiny_build, tmp_path, recorded_loads
 ):

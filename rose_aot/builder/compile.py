@@ -66,11 +66,30 @@ def _fake_args(args, variant):
     return fakes
 
 
+# Per SM on sm_90a and sm_100a: what bounds how many blocks can be resident at once.
+REGISTERS_PER_SM = 65536
+REGISTER_UNIT = 256  # registers are given to a warp in units of this many
+THREADS_PER_SM = 2048
+SMEM_PER_SM = 228 * 1024
+
+
+def resident_blocks(threads: int, registers: int, smem: int) -> int:
+    """Blocks of `threads` threads using `registers` per thread and `smem` bytes of shared
+    memory that fit on one SM at once (the occupancy calculator's rules for these archs)."""
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    fits = [THREADS_PER_SM // (warps * 32), REGISTERS_PER_SM // max(1, warps * per_warp)]
+    if smem:
+        fits.append(SMEM_PER_SM // smem)
+    return min(fits)
+
+
 def check_variant(record: VariantRecord, ptx: str, cubin: bytes, arch: Arch) -> None:
     """Raise RuntimeError unless the record agrees with what the compiler produced: entry
-    names, block size (.reqntid/.maxntid), parameter count, order, sizes and alignments, and
+    names, block size (.reqntid/.maxntid), parameter count, order, sizes and alignments,
     shared memory (dynamic use declared iff the record passes some; static + dynamic within
-    the arch's limit)."""
+    the arch's limit), and for a cooperative variant whose plan launches `blocks_per_sm`
+    blocks per SM (a constant), that so many fit (else the launch would fail at serving)."""
     entries = {e.name: e for e in parse_entries(ptx)}
     if not record.entries:
         raise RuntimeError("the compiled function has no kernel entry")
@@ -100,12 +119,22 @@ def check_variant(record: VariantRecord, ptx: str, cubin: bytes, arch: Arch) -> 
         record.check_cubin(cubin)
     except ValueError as exc:
         raise RuntimeError(f"the cubin does not match its record: {exc}") from None
+    per_sm = record.constants.get("blocks_per_sm") if record.cooperative else None
     for name, facts in read_cubin(cubin).items():
         if facts.static_smem + record.smem > arch.max_smem_per_block:
             raise RuntimeError(
                 f"{name} needs {facts.static_smem} + {record.smem} bytes of shared memory; "
                 f"{arch.name} allows {arch.max_smem_per_block}"
             )
+        if per_sm is not None and name in record.entries:
+            registers = 255 if facts.registers is None else facts.registers  # unknown: the most
+            fit = resident_blocks(record.threads, registers, facts.static_smem + record.smem)
+            if fit < per_sm:
+                raise RuntimeError(
+                    f"{name} uses {facts.registers} registers per thread: {fit} block(s) of "
+                    f"{record.threads} threads fit an SM, but its cooperative plan launches "
+                    f"{per_sm} per SM; lower blocks_per_sm or the kernel's register use"
+                )
 
 
 def compile_point(family_name: str, config, arch: Arch | str) -> CompiledPoint:

@@ -181,6 +181,8 @@ class KernelBundle:
         if arch is not None and not isinstance(arch, str):
             raise ArgumentError(f"check_records(): the arch is a name such as 'sm_90a' or None "
                                 f"(got {type(arch).__name__} {arch!r:.60})")
+        if arch is not None and arch not in self._archs_checked:
+            self._check_arch_name(arch)
         for a in ([arch] if arch is not None else sorted({a for _, a in self._points})):
             if a in self._archs_checked:
                 continue
@@ -198,6 +200,16 @@ class KernelBundle:
                 self._records.update(records)
                 self._variants_by_name.update(variants)
                 self._archs_checked.add(a)
+
+    def _check_arch_name(self, arch: str) -> None:
+        """ArgumentError unless the bundle was built for `arch`: asking for an arch it lacks
+        (a typo such as 'sm_90') must not pass as 'nothing to check'."""
+        have = set(self.archs) | {a for _, a in self._points}
+        if arch not in have:
+            raise ArgumentError(
+                f"{self.path}: no arch {arch[:60]!r} in this bundle; it was built for "
+                f"{', '.join(sorted(have)) or 'no arch'}"
+            )
 
     def _check_record(self, point: dict) -> PointRecord:
         """The point's record, after checking that it belongs to its point, that the artifacts
@@ -449,7 +461,12 @@ class KernelBundle:
         """The record of (point key, arch), as the index holds it (checking the arch's records
         first: check_records)."""
         self.check_records(arch)
-        return self._records[(key, arch)]
+        record = self._records.get((key, arch))
+        if record is None:
+            archs = self._archs_of(key)
+            raise KernelNotFoundError(f"{key!s:.200}", [],
+                                      f"the bundle has it for {archs} only" if archs else "")
+        return record
 
     def _archs_of(self, key: str) -> list[str]:
         return sorted(a for k, a in self._points if k == key)

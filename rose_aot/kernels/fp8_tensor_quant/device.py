@@ -9,7 +9,8 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
-from ..device_utils import SharedMemory, grid_barrier, pdl_prologue, quotient, quotient_factors
+from ..device_utils import (SharedMemory, load_acquire_gpu, pdl_prologue, quotient,
+                            quotient_factors)
 from ..fp8_token_quant.device import segment_max
 from ..spec import Variant
 from .family import FP8_MAX
@@ -76,6 +77,44 @@ def host_function(config, variant: Variant, arch: Arch):
             mScale[0] = cute.arch.fmax(total, Float32(eps)) / Float32(FP8_MAX)
 
     @cute.jit
+    def grid_absmax(amax, mWords, sTotal):
+        """The max of every block's `amax` (each thread passes its block's), in every thread:
+        the decode variant's only grid-wide step. Each block's leader folds its max into
+        words[4] (integer max on the float bits: the absmax is >= 0, and non-negative floats
+        order like their bits), then arrives at a barrier on words[0] (device_utils.
+        grid_barrier's phase protocol) with release, so its max is in before it counts; after
+        the phase flips, words[4] holds the total. No block waits on a last block's scale
+        computation (one atomic and the barrier's round trips instead of five serial ones), and
+        only the leaders touch memory: the data stays in each thread's registers. words[4] is
+        put back to zero by end_grid_absmax, once every block has read it."""
+        blocks = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            cute.arch.atomic_max(mWords.iterator + 4, _bits(amax), scope="gpu")
+            old = cute.arch.atomic_add(mWords.iterator, Int32(1), sem="release", scope="gpu")
+            phase = (old >> 31) & 1
+            if (old & 0x7FFFFFFF) + 1 == blocks:
+                cute.arch.atomic_add(mWords.iterator, Int32(0x7FFFFFFF) - blocks + 1,
+                                     sem="acq_rel", scope="gpu")
+            current = load_acquire_gpu(mWords.iterator)
+            while ((current >> 31) & 1) == phase:
+                current = load_acquire_gpu(mWords.iterator)
+            sTotal[0] = _float(load_acquire_gpu(mWords.iterator + 4))
+        cute.arch.sync_threads()
+        return sTotal[0]
+
+    @cute.jit
+    def end_grid_absmax(mWords):
+        """After grid_absmax, from one thread per block: count the block out (words[5]); the
+        last block out puts words[4] and words[5] back to zero for the next launch (every
+        block has read the total by then; launches of one point never overlap)."""
+        blocks = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
+        left = cute.arch.atomic_add(mWords.iterator + 5, Int32(1), sem="acq_rel", scope="gpu")
+        if left == blocks - 1:
+            cute.arch.atomic_exch(mWords.iterator + 4, Int32(0), scope="gpu")
+            cute.arch.atomic_exch(mWords.iterator + 5, Int32(0), scope="gpu")
+
+    @cute.jit
     def move_vectors(mT, tR, base, step, total, reverse: cutlass.Constexpr,
                      load: cutlass.Constexpr):
         """load: tR[:, k] = vector base + k * step of mT (of the last-first order if `reverse`),
@@ -121,7 +160,8 @@ def host_function(config, variant: Variant, arch: Arch):
     def fp8_tensor_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor,
                                 mWords: cute.Tensor):
         # mX: [tokens, hidden]; mQ: [tokens, hidden] e4m3; mScale: [1] fp32;
-        # mWords: [4] int32 workspace (barrier, absmax bits, blocks counted in, -)
+        # mWords: [8] int32 workspace: [0] decode's barrier, [1] prefill's absmax bits,
+        # [2] prefill's blocks counted in, [4] decode's absmax bits, [5] decode's blocks out
         pdl_prologue(pdl)  # the single-block variant only (the others record pdl = 0)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -150,19 +190,42 @@ def host_function(config, variant: Variant, arch: Arch):
                 if tidx == 0:
                     mScale[0] = scale
                 quantize(mX, mQ, scale, tidx, threads, False)
+        elif const_expr(phase == "decode"):
+            alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
+            sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
+            sTotal = alloc.tensor(Float32, 1, byte_alignment=4)
+            total = mX.shape[0] * V
+            if total <= step * UNROLL:
+                # The plan's sizes: each thread's vectors stay in registers from the load to
+                # the store, so x is read once.
+                tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
+                move_vectors(mX, tXrX, first, step, total, False, True)
+                amax = grid_absmax(segment_max(absmax_of(tXrX), sWarp, threads), mWords, sTotal)
+                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
+                if bidx == 0 and tidx == 0:
+                    mScale[0] = scale
+                divisor, recip = quotient_factors(scale)
+                store_quantized(tXrX, mQ, divisor, recip, first, step, total, False)
+            else:
+                # Forced on a tensor larger than the grid holds: read it twice (L2 at most).
+                amax = grid_absmax(block_absmax(mX, sWarp, first, step), mWords, sTotal)
+                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
+                if bidx == 0 and tidx == 0:
+                    mScale[0] = scale
+                quantize(mX, mQ, scale, first, step, False)
+            if tidx == 0:
+                end_grid_absmax(mWords)
         else:
-            if const_expr(phase != "quant"):
+            if const_expr(phase == "absmax"):
                 alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
                 sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
                 amax = block_absmax(mX, sWarp, first, step)
                 if tidx == 0:
                     publish_scale(amax, mScale, mWords)
-            if const_expr(phase == "decode"):
-                grid_barrier(mWords.iterator)
-            if const_expr(phase != "absmax"):
+            else:
                 # The prefill quant pass walks last-first: the absmax pass just read the tensor
                 # first-last, so its tail is still in L2.
-                quantize(mX, mQ, mScale[0], first, step, phase == "quant")
+                quantize(mX, mQ, mScale[0], first, step, True)
 
     @cute.jit
     def launch(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor, mWords: cute.Tensor,

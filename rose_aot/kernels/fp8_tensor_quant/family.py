@@ -24,36 +24,46 @@ The absmax must be complete before any element is quantized (the seed's rule):
   one device call, `bench_act_quant.py --family fp8_tensor_quant --no-peers`,
   benchmarks/results/act_quant-shape-sweep-2048-h200.md): a block sized to the tensor reduces
   over 8 warps instead of 32, and most of a 1024-thread block had nothing to load.
-- decode (only when forced; see the measurements below) (the tensor fits one wave, <= DECODE_MAX_VECS vectors per thread of one block per
-  SM): ONE cooperative launch, grid <= the SM count. Every block reduces its vectors, adds its
-  max to a workspace word with an integer atomic max on the float bits (the absmax is >= 0,
-  and non-negative floats order like their bits), and counts itself in; the last block to
-  count in turns the total into the scale, writes ``scale`` and puts both words back to zero;
-  then a grid barrier, then every block reads ``scale`` and quantizes its vectors.
+- decode (tensors of at most DECODE_MAX_ELEMENTS): ONE cooperative launch of up to
+  DECODE_BLOCKS_PER_SM blocks per SM. Each thread loads its vectors (up to DECODE_MAX_VECS
+  16-byte vectors, kept in registers), the block reduces their max, and the block's leader
+  folds it into a workspace word with an integer atomic max on the float bits (the absmax is
+  >= 0, and non-negative floats order like their bits), arrives at a grid barrier with
+  release and spins on it with acquire loads; once every block has arrived the word holds the
+  total, every block computes the scale from it, block 0 writes ``scale``, and every thread
+  quantizes the vectors in its registers: x is read once. A tensor larger than the grid holds
+  (forced, or up to DECODE_MAX_ELEMENTS) is read twice, the second time mostly from L2. After
+  reading the total each block counts itself out; the last one zeroes the words.
 - prefill: the same reduction as one kernel (``prefill_absmax``, the last block writes the
   scale and zeroes the words), then ``prefill_quant`` reads the scale and quantizes.
 All kernels walk the tensor as tokens * (hidden / vec) vectors, grid-stride (any grid is
-correct; the decode kernel re-reads its vectors after the barrier, from L2 at decode sizes),
-GRID_STRIDE_UNROLL vectors per thread and step, all loaded before any is used.
+correct), GRID_STRIDE_UNROLL vectors per thread and step, all loaded before any is used.
 ``prefill_quant`` walks the vectors last-first: ``prefill_absmax`` has just read them
 first-last, so the most recent ones (up to L2's size) are read again from L2. Both passes read
 the tensor, so per-tensor quantization moves 5 bytes per bf16 element where the others move
 3: at most 60% of the copy bandwidth once the tensor is larger than L2.
 
 Workspace (loader-owned, zero-initialised, left zero or self-reset after every launch):
-int32 [4]: [0] grid barrier word (phase bit + arrivals, device_utils.grid_barrier), [1] absmax
-bits, [2] blocks counted in, [3] padding. One point's launches on one stream never overlap,
-so the words are never shared by two launches in flight.
+int32 [8]: [0] decode's grid barrier word (phase bit + arrivals, device_utils.grid_barrier's
+protocol), [1] prefill's absmax bits, [2] prefill's blocks counted in, [4] decode's absmax
+bits, [5] decode's blocks counted out; the rest padding. One point's launches on one stream
+never overlap, so the words are never shared by two launches in flight.
 
-The plan: single_small, then single, up to SINGLE_MAX_VECS per thread of their block, the two
-prefill kernels above. SINGLE_MAX_VECS from
-the same measurements: forced single took 2.90 µs for one token of 14336 (1.75 vectors per
-thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 4.57). Measured on the H200
-(benchmarks/results/act_quant-fp8_tensor_quant-h200.md, every variant forced in one run): the
-prefill pair beat the cooperative decode launch at every size benchmarked, 1-32768 tokens and
-hidden 2048-14336, by 1.2-1.9x (hidden 2048, 128 tokens: 4.72 vs 5.74 µs). The decode variant
-stays buildable and forceable (the seed's one-launch form); the plan no longer picks it.
-DECODE_MAX_VECS and PREFILL_BLOCKS_PER_SM are the seed's recipe.
+The plan: single_small, then single, up to SINGLE_MAX_VECS per thread of their block, then
+decode up to DECODE_MAX_ELEMENTS, the two prefill kernels above. SINGLE_MAX_VECS from the
+measurements above: forced single took 2.90 µs for one token of 14336 (1.75 vectors per
+thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 4.57).
+
+decode, measured (H200, 2026-12-01, every variant forced in one run, `ACT_QUANT_TOKENS=1,16,
+64,128,256,512,1024,2048,4096,8192 bash benchmarks/run_gpu.sh act_quant:fp8_tensor_quant`,
+benchmarks/results/fp8-tensor-decode-sweep-h200.md): faster than the prefill pair at every
+width and token count from 16 tokens up to 2**24 elements, 1.1-1.6x (hidden 2048: 4.56 vs 5.21
+µs at 16 tokens, 5.95 vs 9.78 at 1024, 18.72 vs 20.58 at 8192; hidden 14336: 5.86 vs 9.56 at
+128), slower at five of the six larger tensors measured (4096 x 7168: 42.07 vs 39.11; the
+exception 8192 x 14336, 146.44 vs 150.47). The seed's form of it (the last block to count in computed the scale, then a grid
+barrier with a fence in every thread, one block per SM, x read twice) lost to the pair
+everywhere, by 1.2-1.9x (act_quant-fp8_tensor_quant-h200.md of 2026-11-30). PREFILL_BLOCKS_PER_SM
+is the seed's recipe.
 """
 
 from __future__ import annotations
@@ -67,7 +77,8 @@ from ..fp8_token_quant.family import row_args, row_vec, validate_rows
 from ..spec import PDL_MAX_THREADS, Launch, TensorArg, Variant
 
 __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
-           "SINGLE_THREADS", "SINGLE_SMALL_THREADS", "SINGLE_MAX_VECS", "DECODE_MAX_VECS", "PREFILL_BLOCKS_PER_SM",
+           "SINGLE_THREADS", "SINGLE_SMALL_THREADS", "SINGLE_MAX_VECS", "DECODE_MAX_VECS",
+           "DECODE_BLOCKS_PER_SM", "DECODE_MAX_ELEMENTS", "PREFILL_BLOCKS_PER_SM",
            "GRID_STRIDE_UNROLL"]
 
 MAX_HIDDEN = 65536
@@ -75,7 +86,18 @@ BLOCK_THREADS = 512
 SINGLE_THREADS = 1024  # the single-block variant's block
 SINGLE_SMALL_THREADS = 256  # single_small's block (measured: see above)
 SINGLE_MAX_VECS = 2  # vectors per thread up to which one block quantizes the whole tensor
-DECODE_MAX_VECS = 4  # vectors per thread up to which one cooperative wave is used
+DECODE_MAX_VECS = 4  # 16-byte vectors per thread the cooperative decode launch keeps in registers
+# Blocks per SM of the cooperative decode launch: 2 x 512 threads, 32 warps per SM (one block
+# per SM left 16 warps to hide the loads' latency). The build refuses a kernel that needs more
+# than 64 registers per thread, which would not fit two blocks (builder/compile.check_variant).
+DECODE_BLOCKS_PER_SM = 2
+# The plan's switch from the cooperative launch to the two prefill kernels: tensors of at most
+# 2**24 elements (32 MB of bf16) take the one launch. Measured (see the module docstring): it
+# won at every size from 16 tokens up to 8192 tokens of 2048 and 1024 of 14336 (2**24 and
+# 0.875 * 2**24), and lost at five of the six larger ones (4096 x 7168: 42.07 vs 39.11 µs;
+# 8192 x 4096: 46.84 vs 42.74): beyond the registers it reads x twice, first-last both times,
+# and the second read misses L2 where the pair's last-first one hits it.
+DECODE_MAX_ELEMENTS = 1 << 24
 PREFILL_BLOCKS_PER_SM = 4  # grid cap of the grid-stride prefill kernels
 # Vectors each thread loads before it uses any, per grid-stride step (the single block: all of
 # its at most SINGLE_MAX_VECS): with one 16-byte load in flight per thread the grid-stride
@@ -108,14 +130,19 @@ class Fp8TensorQuant(KernelFamily):
         return (*row_args(c, arch), TensorArg("scale", "float32", (1,), (1,), 4, role="output"))
 
     def workspace(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
-        return (TensorArg("words", "int32", (4,), (1,), 16, "workspace"),)
+        return (TensorArg("words", "int32", (8,), (1,), 16, "workspace"),)
 
     def variants(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[Variant, ...]:
         params = tuple(a.name for a in self.kernel_args(c, arch))
         block = (BLOCK_THREADS, 1, 1)
         smem = 4 * BLOCK_THREADS // 32  # one fp32 per warp for the block max (no max: none)
-        common = {"vec": self._vec(c, arch), "single_max_vecs": SINGLE_MAX_VECS,
-                  "decode_max_vecs": DECODE_MAX_VECS,
+        vec = self._vec(c, arch)
+        # The decode variant keeps DECODE_MAX_VECS 16-byte vectors per thread in registers:
+        # half as many of sm_100a's 32-byte ones (four took 78 registers, too many for two
+        # blocks per SM).
+        common = {"vec": vec, "single_max_vecs": SINGLE_MAX_VECS,
+                  "decode_max_elements": DECODE_MAX_ELEMENTS,
+                  "decode_max_vecs": max(1, DECODE_MAX_VECS * 8 // vec),
                   "prefill_blocks_per_sm": PREFILL_BLOCKS_PER_SM, "unroll": GRID_STRIDE_UNROLL}
         single = {**common, "phase": "single", "unroll": SINGLE_MAX_VECS}
         return (
@@ -123,7 +150,9 @@ class Fp8TensorQuant(KernelFamily):
                     params, single, pdl=PDL_MAX_THREADS),
             Variant("single", (SINGLE_THREADS, 1, 1), 4 * SINGLE_THREADS // 32, params, single,
                     pdl=PDL_MAX_THREADS),
-            Variant("decode", block, smem, params, {**common, "phase": "decode"},
+            Variant("decode", block, smem + 4, params,  # + the total, shared
+                    {**common, "phase": "decode", "blocks_per_sm": DECODE_BLOCKS_PER_SM,
+                     "unroll": common["decode_max_vecs"]},
                     cooperative=True),
             Variant("prefill_absmax", block, smem, params, {**common, "phase": "absmax"}),
             Variant("prefill_quant", block, 0, params, {**common, "phase": "quant"}),
@@ -143,9 +172,11 @@ class Fp8TensorQuant(KernelFamily):
                                    units <= variants[single].threads * k["single_max_vecs"]):
                 return (Launch(single, (1, 1, 1)),)
         blocks = -(-units // threads)
-        if force == "decode":
-            # Cooperative: every block resident, so at most one block per SM.
-            return (Launch("decode", (max(1, min(sm_count, blocks)), 1, 1)),)
+        if force == "decode" or (force is None and
+                                 tokens * c.hidden <= k["decode_max_elements"]):
+            # Cooperative: every block resident, so at most blocks_per_sm blocks per SM (the
+            # build checks that the compiled kernel fits that many).
+            return (Launch("decode", (max(1, min(sm_count * k["blocks_per_sm"], blocks)), 1, 1)),)
         cap = sm_count * variants["prefill_absmax"].constants["prefill_blocks_per_sm"]
         return (
             Launch("prefill_absmax", (min(cap, -(-units // variants["prefill_absmax"].threads)), 1, 1)),
