@@ -13,6 +13,7 @@ from ..device_utils import (SharedMemory, load_acquire_gpu, pdl_prologue, quotie
                             quotient_factors)
 from ..fp8_token_quant.device import segment_max
 from ..spec import Variant
+from .family import DECODE_PARTIALS as PARTIALS
 from .family import FP8_MAX
 
 __all__ = ["host_function"]
@@ -77,20 +78,21 @@ def host_function(config, variant: Variant, arch: Arch):
             mScale[0] = cute.arch.fmax(total, Float32(eps)) / Float32(FP8_MAX)
 
     @cute.jit
-    def grid_absmax(amax, mWords, sTotal):
+    def grid_absmax(amax, mWords, sWarp):
         """The max of every block's `amax` (each thread passes its block's), in every thread:
-        the decode variant's only grid-wide step. Each block's leader folds its max into
-        words[4] (integer max on the float bits: the absmax is >= 0, and non-negative floats
-        order like their bits), then arrives at a barrier on words[0] (device_utils.
-        grid_barrier's phase protocol) with release, so its max is in before it counts; after
-        the phase flips, words[4] holds the total. No block waits on a last block's scale
-        computation (one atomic and the barrier's round trips instead of five serial ones), and
-        only the leaders touch memory: the data stays in each thread's registers. words[4] is
-        put back to zero by end_grid_absmax, once every block has read it."""
+        the decode variant's only grid-wide step. Each block's leader stores its max in its own
+        slot, words[PARTIALS + block] (the float's bits), and arrives at a barrier on words[0]
+        (device_utils.grid_barrier's phase protocol) with release, so the slot is written
+        before it counts; it spins with acquire loads until the phase flips. Then the block's
+        threads read every block's slot and reduce them. No block waits on another's scale
+        computation, nothing needs a reset (each launch writes every slot it reads), and only
+        the leaders touch memory before the barrier: the data stays in registers, so no thread
+        needs a fence."""
         blocks = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
         tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
         if tidx == 0:
-            cute.arch.atomic_max(mWords.iterator + 4, _bits(amax), scope="gpu")
+            mWords[PARTIALS + bidx] = _bits(amax)
             old = cute.arch.atomic_add(mWords.iterator, Int32(1), sem="release", scope="gpu")
             phase = (old >> 31) & 1
             if (old & 0x7FFFFFFF) + 1 == blocks:
@@ -99,20 +101,11 @@ def host_function(config, variant: Variant, arch: Arch):
             current = load_acquire_gpu(mWords.iterator)
             while ((current >> 31) & 1) == phase:
                 current = load_acquire_gpu(mWords.iterator)
-            sTotal[0] = _float(load_acquire_gpu(mWords.iterator + 4))
         cute.arch.sync_threads()
-        return sTotal[0]
-
-    @cute.jit
-    def end_grid_absmax(mWords):
-        """After grid_absmax, from one thread per block: count the block out (words[5]); the
-        last block out puts words[4] and words[5] back to zero for the next launch (every
-        block has read the total by then; launches of one point never overlap)."""
-        blocks = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
-        left = cute.arch.atomic_add(mWords.iterator + 5, Int32(1), sem="acq_rel", scope="gpu")
-        if left == blocks - 1:
-            cute.arch.atomic_exch(mWords.iterator + 4, Int32(0), scope="gpu")
-            cute.arch.atomic_exch(mWords.iterator + 5, Int32(0), scope="gpu")
+        total = Float32(0.0)
+        for i in cutlass.range(tidx, blocks, threads):
+            total = cute.arch.fmax(total, _float(load_acquire_gpu(mWords.iterator + PARTIALS + i)))
+        return segment_max(total, sWarp, threads)
 
     @cute.jit
     def move_vectors(mT, tR, base, step, total, reverse: cutlass.Constexpr,
@@ -160,8 +153,8 @@ def host_function(config, variant: Variant, arch: Arch):
     def fp8_tensor_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor,
                                 mWords: cute.Tensor):
         # mX: [tokens, hidden]; mQ: [tokens, hidden] e4m3; mScale: [1] fp32;
-        # mWords: [8] int32 workspace: [0] decode's barrier, [1] prefill's absmax bits,
-        # [2] prefill's blocks counted in, [4] decode's absmax bits, [5] decode's blocks out
+        # mWords: int32 workspace: [0] decode's barrier, [1] prefill's absmax bits, [2]
+        # prefill's blocks counted in, [PARTIALS + b] decode block b's absmax bits
         pdl_prologue(pdl)  # the single-block variant only (the others record pdl = 0)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -193,14 +186,13 @@ def host_function(config, variant: Variant, arch: Arch):
         elif const_expr(phase == "decode"):
             alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
             sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
-            sTotal = alloc.tensor(Float32, 1, byte_alignment=4)
             total = mX.shape[0] * V
             if total <= step * UNROLL:
                 # The plan's sizes: each thread's vectors stay in registers from the load to
                 # the store, so x is read once.
                 tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
                 move_vectors(mX, tXrX, first, step, total, False, True)
-                amax = grid_absmax(segment_max(absmax_of(tXrX), sWarp, threads), mWords, sTotal)
+                amax = grid_absmax(segment_max(absmax_of(tXrX), sWarp, threads), mWords, sWarp)
                 scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
                 if bidx == 0 and tidx == 0:
                     mScale[0] = scale
@@ -208,13 +200,11 @@ def host_function(config, variant: Variant, arch: Arch):
                 store_quantized(tXrX, mQ, divisor, recip, first, step, total, False)
             else:
                 # Forced on a tensor larger than the grid holds: read it twice (L2 at most).
-                amax = grid_absmax(block_absmax(mX, sWarp, first, step), mWords, sTotal)
+                amax = grid_absmax(block_absmax(mX, sWarp, first, step), mWords, sWarp)
                 scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
                 if bidx == 0 and tidx == 0:
                     mScale[0] = scale
                 quantize(mX, mQ, scale, first, step, False)
-            if tidx == 0:
-                end_grid_absmax(mWords)
         else:
             if const_expr(phase == "absmax"):
                 alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")

@@ -27,13 +27,12 @@ The absmax must be complete before any element is quantized (the seed's rule):
 - decode (tensors of at most DECODE_MAX_ELEMENTS): ONE cooperative launch of up to
   DECODE_BLOCKS_PER_SM blocks per SM. Each thread loads its vectors (up to DECODE_MAX_VECS
   16-byte vectors, kept in registers), the block reduces their max, and the block's leader
-  folds it into a workspace word with an integer atomic max on the float bits (the absmax is
-  >= 0, and non-negative floats order like their bits), arrives at a grid barrier with
-  release and spins on it with acquire loads; once every block has arrived the word holds the
-  total, every block computes the scale from it, block 0 writes ``scale``, and every thread
-  quantizes the vectors in its registers: x is read once. A tensor larger than the grid holds
-  (forced, or up to DECODE_MAX_ELEMENTS) is read twice, the second time mostly from L2. After
-  reading the total each block counts itself out; the last one zeroes the words.
+  stores it in the block's workspace slot, arrives at a grid barrier with release and spins on
+  it with acquire loads; once every block has arrived, each block reads every slot and reduces
+  them, computes the scale, block 0 writes ``scale``, and every thread quantizes the vectors
+  in its registers: x is read once. A tensor larger than the grid holds (forced, or up to
+  DECODE_MAX_ELEMENTS) is read twice, the second time mostly from L2. Nothing needs a reset:
+  every launch writes each slot it reads, and the barrier word resets itself.
 - prefill: the same reduction as one kernel (``prefill_absmax``, the last block writes the
   scale and zeroes the words), then ``prefill_quant`` reads the scale and quantizes.
 All kernels walk the tensor as tokens * (hidden / vec) vectors, grid-stride (any grid is
@@ -43,11 +42,12 @@ first-last, so the most recent ones (up to L2's size) are read again from L2. Bo
 the tensor, so per-tensor quantization moves 5 bytes per bf16 element where the others move
 3: at most 60% of the copy bandwidth once the tensor is larger than L2.
 
-Workspace (loader-owned, zero-initialised, left zero or self-reset after every launch):
-int32 [8]: [0] decode's grid barrier word (phase bit + arrivals, device_utils.grid_barrier's
-protocol), [1] prefill's absmax bits, [2] prefill's blocks counted in, [4] decode's absmax
-bits, [5] decode's blocks counted out; the rest padding. One point's launches on one stream
-never overlap, so the words are never shared by two launches in flight.
+Workspace (loader-owned, zero-initialised): int32 [DECODE_PARTIALS + DECODE_MAX_BLOCKS]:
+[0] decode's grid barrier word (phase bit + arrivals, device_utils.grid_barrier's protocol;
+resets itself), [1] prefill's absmax bits and [2] its blocks counted in (back to zero after
+every launch), [DECODE_PARTIALS + b] decode block b's max (written before it is read, by
+every launch). One point's launches on one stream never overlap, so the words are never
+shared by two launches in flight.
 
 The plan: single_small, then single, up to SINGLE_MAX_VECS per thread of their block, then
 decode up to DECODE_MAX_ELEMENTS, the two prefill kernels above. SINGLE_MAX_VECS from the
@@ -57,7 +57,7 @@ thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 
 decode, measured (H200, 2026-12-01, every variant forced in one run, `ACT_QUANT_TOKENS=1,16,
 64,128,256,512,1024,2048,4096,8192 bash benchmarks/run_gpu.sh act_quant:fp8_tensor_quant`,
 benchmarks/results/fp8-tensor-decode-sweep-h200.md): faster than the prefill pair at every
-width and token count from 16 tokens up to 2**24 elements, 1.1-1.6x (hidden 2048: 4.56 vs 5.21
+width and token count from 16 tokens up to 2**24 elements, 1.04-1.7x (hidden 2048: 4.56 vs 5.21
 µs at 16 tokens, 5.95 vs 9.78 at 1024, 18.72 vs 20.58 at 8192; hidden 14336: 5.86 vs 9.56 at
 128), slower at five of the six larger tensors measured (4096 x 7168: 42.07 vs 39.11; the
 exception 8192 x 14336, 146.44 vs 150.47). The seed's form of it (the last block to count in computed the scale, then a grid
@@ -78,7 +78,8 @@ from ..spec import PDL_MAX_THREADS, Launch, TensorArg, Variant
 
 __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
            "SINGLE_THREADS", "SINGLE_SMALL_THREADS", "SINGLE_MAX_VECS", "DECODE_MAX_VECS",
-           "DECODE_BLOCKS_PER_SM", "DECODE_MAX_ELEMENTS", "PREFILL_BLOCKS_PER_SM",
+           "DECODE_BLOCKS_PER_SM", "DECODE_MAX_ELEMENTS", "DECODE_PARTIALS", "DECODE_MAX_BLOCKS",
+           "PREFILL_BLOCKS_PER_SM",
            "GRID_STRIDE_UNROLL"]
 
 MAX_HIDDEN = 65536
@@ -98,6 +99,10 @@ DECODE_BLOCKS_PER_SM = 2
 # 8192 x 4096: 46.84 vs 42.74): beyond the registers it reads x twice, first-last both times,
 # and the second read misses L2 where the pair's last-first one hits it.
 DECODE_MAX_ELEMENTS = 1 << 24
+# The decode launch's blocks each have a workspace slot for their max, from word
+# DECODE_PARTIALS on; the plan launches at most DECODE_MAX_BLOCKS (1024 = 2 per SM of 512 SMs).
+DECODE_PARTIALS = 8
+DECODE_MAX_BLOCKS = 1024
 PREFILL_BLOCKS_PER_SM = 4  # grid cap of the grid-stride prefill kernels
 # Vectors each thread loads before it uses any, per grid-stride step (the single block: all of
 # its at most SINGLE_MAX_VECS): with one 16-byte load in flight per thread the grid-stride
@@ -130,7 +135,8 @@ class Fp8TensorQuant(KernelFamily):
         return (*row_args(c, arch), TensorArg("scale", "float32", (1,), (1,), 4, role="output"))
 
     def workspace(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[TensorArg, ...]:
-        return (TensorArg("words", "int32", (8,), (1,), 16, "workspace"),)
+        return (TensorArg("words", "int32", (DECODE_PARTIALS + DECODE_MAX_BLOCKS,), (1,), 16,
+                          "workspace"),)
 
     def variants(self, c: Fp8TensorQuantConfig, arch: Arch) -> tuple[Variant, ...]:
         params = tuple(a.name for a in self.kernel_args(c, arch))
@@ -142,6 +148,7 @@ class Fp8TensorQuant(KernelFamily):
         # blocks per SM).
         common = {"vec": vec, "single_max_vecs": SINGLE_MAX_VECS,
                   "decode_max_elements": DECODE_MAX_ELEMENTS,
+                  "decode_max_blocks": DECODE_MAX_BLOCKS,
                   "decode_max_vecs": max(1, DECODE_MAX_VECS * 8 // vec),
                   "prefill_blocks_per_sm": PREFILL_BLOCKS_PER_SM, "unroll": GRID_STRIDE_UNROLL}
         single = {**common, "phase": "single", "unroll": SINGLE_MAX_VECS}
@@ -150,7 +157,7 @@ class Fp8TensorQuant(KernelFamily):
                     params, single, pdl=PDL_MAX_THREADS),
             Variant("single", (SINGLE_THREADS, 1, 1), 4 * SINGLE_THREADS // 32, params, single,
                     pdl=PDL_MAX_THREADS),
-            Variant("decode", block, smem + 4, params,  # + the total, shared
+            Variant("decode", block, smem, params,
                     {**common, "phase": "decode", "blocks_per_sm": DECODE_BLOCKS_PER_SM,
                      "unroll": common["decode_max_vecs"]},
                     cooperative=True),
@@ -176,7 +183,8 @@ class Fp8TensorQuant(KernelFamily):
                                  tokens * c.hidden <= k["decode_max_elements"]):
             # Cooperative: every block resident, so at most blocks_per_sm blocks per SM (the
             # build checks that the compiled kernel fits that many).
-            return (Launch("decode", (max(1, min(sm_count * k["blocks_per_sm"], blocks)), 1, 1)),)
+            cap = min(sm_count * k["blocks_per_sm"], k["decode_max_blocks"])
+            return (Launch("decode", (max(1, min(cap, blocks)), 1, 1)),)
         cap = sm_count * variants["prefill_absmax"].constants["prefill_blocks_per_sm"]
         return (
             Launch("prefill_absmax", (min(cap, -(-units // variants["prefill_absmax"].threads)), 1, 1)),
