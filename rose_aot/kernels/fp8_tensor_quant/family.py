@@ -56,14 +56,26 @@ thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 
 
 decode, measured (H200, 2026-12-01, every variant forced in one run, `ACT_QUANT_TOKENS=1,16,
 64,128,256,512,1024,2048,4096,8192 bash benchmarks/run_gpu.sh act_quant:fp8_tensor_quant`,
-benchmarks/results/fp8-tensor-decode-sweep-h200.md): faster than the prefill pair at every
+benchmarks/results/fp8-tensor-decode-sweep-h200.md): faster than the prefill pair (then at 4
+blocks per SM; at 2, below, the pair is 3-5% faster at some points between the registers'
+capacity and 2**24, 1024 x 7168: 10.27 vs 10.78 µs, and 3-15% slower at 2**24) at every
 width and token count from 16 tokens up to 2**24 elements, 1.04-1.7x (hidden 2048: 4.56 vs 5.21
 µs at 16 tokens, 5.95 vs 9.78 at 1024, 18.72 vs 20.58 at 8192; hidden 14336: 5.86 vs 9.56 at
 128), slower at five of the six larger tensors measured (4096 x 7168: 42.07 vs 39.11; the
-exception 8192 x 14336, 146.44 vs 150.47). The seed's form of it (the last block to count in computed the scale, then a grid
-barrier with a fence in every thread, one block per SM, x read twice) lost to the pair
-everywhere, by 1.2-1.9x (act_quant-fp8_tensor_quant-h200.md of 2026-11-30). PREFILL_BLOCKS_PER_SM
-is the seed's recipe.
+exception 8192 x 14336, 146.44 vs 150.47). The seed's form of it (the last block to count in
+computed the scale, then a grid barrier with a fence in every thread, one block per SM, x read
+twice) lost to the pair everywhere, by 1.2-1.9x (act_quant-fp8_tensor_quant-h200.md of
+2026-11-30).
+
+Above 2**24 elements the plan keeps the two prefill kernels (the seed's rule: a grid barrier
+for what one resident grid holds, separate kernels for prefill), although a measured variant
+of decode whose second pass walks last-first (L2) beat or tied them at every larger size, up
+to 32768 x 14336 (4096 x 8192: 41.7 vs 43.0 µs; 32768 x 14336: 558 vs 559; one H200 call,
+benchmarks/results/fp8-tensor-large-experiment-h200.md): a cooperative grid holds two blocks
+on every SM for the whole pass, which other streams' kernels would wait behind. In the same
+call PREFILL_BLOCKS_PER_SM 2 instead of the seed's 4 made the pair 2-5.5% faster at 2**26
+elements and more (32768 x 14336: 559 vs 591 µs), within 2.6% either way between 2**24 and
+2**26.
 """
 
 from __future__ import annotations
@@ -103,7 +115,7 @@ DECODE_MAX_ELEMENTS = 1 << 24
 # DECODE_PARTIALS on; the plan launches at most DECODE_MAX_BLOCKS (1024 = 2 per SM of 512 SMs).
 DECODE_PARTIALS = 8
 DECODE_MAX_BLOCKS = 1024
-PREFILL_BLOCKS_PER_SM = 4  # grid cap of the grid-stride prefill kernels
+PREFILL_BLOCKS_PER_SM = 2  # grid cap of the grid-stride prefill kernels (measured: see above)
 # Vectors each thread loads before it uses any, per grid-stride step (the single block: all of
 # its at most SINGLE_MAX_VECS): with one 16-byte load in flight per thread the grid-stride
 # loops ran at about half the copy bandwidth.
