@@ -266,7 +266,8 @@ def bench_token_tensor(bundle, tokens_list, widths, rows, per_tensor):
             get_family(family).reference(config, x[:rows_checked], want_q, want_s)
             want_q, want_s = want_q.cpu(), want_s.cpu()
             # per-tensor: the one-block variants forced too where one block is not absurd
-            singles = ("single", "single_small") if per_tensor and t * h <= 1 << 20 else ()
+            singles = (("single", "single_small", "single_wide")
+                       if per_tensor and t * h <= 1 << 20 else ())
             for variant in (None, "decode", "prefill", *singles):
                 q.view(torch.uint8).fill_(0x7F)
                 s.fill_(float("nan"))

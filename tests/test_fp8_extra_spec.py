@@ -143,10 +143,12 @@ def test_tensor_plan_one_block_then_one_cooperative_launch_then_two_kernels(arch
     assert d.cooperative and not vs["prefill_absmax"].cooperative
     assert not vs["prefill_quant"].cooperative
     units_per_token = hidden // d.constants["vec"]
-    small_capacity = vs["single_small"].threads * d.constants["single_max_vecs"]
-    single_capacity = vs["single"].threads * d.constants["single_max_vecs"]
+    small_capacity = vs["single_small"].threads * vs["single_small"].constants["single_max_vecs"]
+    single_capacity = vs["single"].threads * vs["single"].constants["single_max_vecs"]
+    wide_capacity = vs["single_wide"].threads * vs["single_wide"].constants["single_max_vecs"]
     small_edge = small_capacity // units_per_token
     single_edge = single_capacity // units_per_token
+    wide_edge = wide_capacity // units_per_token
     decode_edge = d.constants["decode_max_elements"] // hidden
     assert d.constants["decode_max_elements"] == 1 << 24
     for sm in (1, 16, 132, 148, 1024):
@@ -154,15 +156,17 @@ def test_tensor_plan_one_block_then_one_cooperative_launch_then_two_kernels(arch
         edge = capacity // units_per_token
         for tokens in sorted({1, 7, 128, 4096, 20011, 1 << 20, max(1, edge), edge + 1,
                               max(1, small_edge), small_edge + 1,
-                              max(1, single_edge), single_edge + 1, decode_edge,
+                              max(1, single_edge), single_edge + 1,
+                              max(1, wide_edge), wide_edge + 1, decode_edge,
                               decode_edge + 1}):
-            for force in (None, "single_small", "single", "decode", "prefill"):
+            for force in (None, "single_small", "single", "single_wide", "decode", "prefill"):
                 launches = fam.plan(c, vs, {"tokens": tokens}, sm, force)
                 units = tokens * units_per_token
                 # the smallest one-block variant that holds the tensor, or the forced one
                 if force is None:
                     single = ("single_small" if units <= small_capacity else
-                              "single" if units <= single_capacity else None)
+                              "single" if units <= single_capacity else
+                              "single_wide" if units <= wide_capacity else None)
                 else:
                     single = force if force.startswith("single") else None
                 # the one cooperative launch up to 2**24 elements (measured faster there)
@@ -187,10 +191,13 @@ def test_tensor_plan_one_block_then_one_cooperative_launch_then_two_kernels(arch
                         assert 1 <= launch.grid[0] <= sm * d.constants["prefill_blocks_per_sm"]
                         assert launch.grid[0] <= -(-units // d.threads)
     # up to 2 vectors per thread of the 256-thread block (4096 elements at 8 per vector), then
-    # of the 1024-thread block (16384): one block; the two prefill kernels above that
+    # of the 1024-thread block (16384), then 64 bytes per thread of it (32768 elements): one
+    # block; the cooperative launch above that
     assert (small_capacity, single_capacity) == (512, 2048)
+    assert wide_capacity * d.constants["vec"] == 32768
     one = ("single_small" if units_per_token <= small_capacity else
-           "single" if units_per_token <= single_capacity else "decode")
+           "single" if units_per_token <= single_capacity else
+           "single_wide" if units_per_token <= wide_capacity else "decode")
     assert fam.plan(c, vs, {"tokens": 1}, 132)[0].variant == one
     assert [l.variant for l in fam.plan(c, vs, {"tokens": 64}, 132)] == ["decode"]
     assert [l.variant for l in fam.plan(c, vs, {"tokens": decode_edge + 1}, 132)] == [
@@ -354,7 +361,7 @@ def test_compiles_with_expected_ptx(family, values, arch):
             assert "rcp.rn.f32" in ptx and "fma.rn.f32" in ptx
             divisions = ptx.count("div.rn.f32") + ptx.count("rcp.rn.f32")
             # single and decode: the in-register path and the loop
-            paths = 2 if name in ("single", "single_small", "decode") else 1
+            paths = 2 if name in ("single", "single_small", "single_wide", "decode") else 1
             assert divisions <= 2 * paths, f"{name}: {divisions} divisions, one per element?"
             # no word packed from one 16-bit register twice (ptxas mis-packed such a word of e4m3
             # codes: tests/test_dispatch_fp8_spec.py)
@@ -363,7 +370,7 @@ def test_compiles_with_expected_ptx(family, values, arch):
             assert ("griddepcontrol.wait" in ptx) == (name == "decode") == (v.pdl > 0)
             assert ptx.count("shfl.sync.bfly.b32") == 5  # one warp butterfly per row
             assert "bar.sync" in ptx and "atom." not in ptx
-        elif name in ("single", "single_small"):
+        elif name in ("single", "single_small", "single_wide"):
             # one block, the scale in registers: no atomics, no grid barrier, one block
             # barrier; programmatic dependent launch like the other one-wave decode kernels
             assert "atom." not in ptx and "bar.sync" in ptx

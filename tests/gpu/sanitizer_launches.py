@@ -66,7 +66,7 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
         if point["family"] in ("fp8_token_quant", "fp8_tensor_quant"):  # bit-exact cases
             runs = (("decode", 3), ("prefill", 1001))
             if point["family"] == "fp8_tensor_quant":
-                runs += (("single", 3), ("single_small", 3))
+                runs += (("single", 3), ("single_small", 3), ("single_wide", 3))
             for variant, tokens in runs:
                 args, want, views = fp8_extra_cases.make_case(point["family"], config, tokens,
                                                               seed=tokens)

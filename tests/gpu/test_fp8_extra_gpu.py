@@ -75,7 +75,8 @@ def test_per_tensor_repeated_launches_reuse_the_workspace(bundle):
                                                   (5, "decode"), (1, "single"),
                                                   (5000, "prefill"), (2, "single_small"),
                                                   (2, "decode"), (3, "single"),
-                                                  (1, "single_small"), (1, "prefill")]):
+                                                  (1, "single_small"), (1, "prefill"),
+                                                  (9, "single_wide"), (9, "decode")]):
             args, want, views = make_case(family_name, c, tokens, seed=77 + step)
             args[0].mul_(0.5 ** step)
             family.reference(c, args[0].cpu().contiguous(), want["q"], want["scales"])

@@ -24,6 +24,12 @@ The absmax must be complete before any element is quantized (the seed's rule):
   one device call, `bench_act_quant.py --family fp8_tensor_quant --no-peers`,
   benchmarks/results/act_quant-shape-sweep-2048-h200.md): a block sized to the tensor reduces
   over 8 warps instead of 32, and most of a 1024-thread block had nothing to load.
+- single_wide: the 1024-thread block with SINGLE_WIDE_MAX_VECS 16-byte vectors per thread
+  (32768 elements: 16 tokens of 2048, 2 of 14336), above single. Forced on the H200 against
+  decode at those sizes (2026-12-01, one call, benchmarks/results/fp8-tensor-single-wide-
+  experiment-h200.md): 2.39-2.69 µs against 3.47-3.88; at the sizes single holds it was slower
+  than single (one token of 7168: 2.29 vs 1.67 µs: four predicated loads per thread where one
+  or two are live), hence a variant of its own.
 - decode (tensors of at most DECODE_MAX_ELEMENTS): ONE cooperative launch of up to
   DECODE_BLOCKS_PER_SM blocks per SM. Each thread loads its vectors (up to DECODE_MAX_VECS
   16-byte vectors, kept in registers), the block reduces their max, and the block's leader
@@ -50,7 +56,8 @@ every launch). One point's launches on one stream never overlap, so the words ar
 shared by two launches in flight.
 
 The plan: single_small, then single, up to SINGLE_MAX_VECS per thread of their block, then
-decode up to DECODE_MAX_ELEMENTS, the two prefill kernels above. SINGLE_MAX_VECS from the
+single_wide up to SINGLE_WIDE_MAX_VECS, then decode up to DECODE_MAX_ELEMENTS, the two prefill
+kernels above. SINGLE_MAX_VECS from the
 measurements above: forced single took 2.90 µs for one token of 14336 (1.75 vectors per
 thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 4.57).
 
@@ -89,7 +96,8 @@ from ..fp8_token_quant.family import row_args, row_vec, validate_rows
 from ..spec import PDL_MAX_THREADS, Launch, TensorArg, Variant
 
 __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
-           "SINGLE_THREADS", "SINGLE_SMALL_THREADS", "SINGLE_MAX_VECS", "DECODE_MAX_VECS",
+           "SINGLE_THREADS", "SINGLE_SMALL_THREADS", "SINGLE_MAX_VECS", "SINGLE_WIDE_MAX_VECS",
+           "DECODE_MAX_VECS",
            "DECODE_BLOCKS_PER_SM", "DECODE_MAX_ELEMENTS", "DECODE_PARTIALS", "DECODE_MAX_BLOCKS",
            "PREFILL_BLOCKS_PER_SM",
            "GRID_STRIDE_UNROLL"]
@@ -99,6 +107,7 @@ BLOCK_THREADS = 512
 SINGLE_THREADS = 1024  # the single-block variant's block
 SINGLE_SMALL_THREADS = 256  # single_small's block (measured: see above)
 SINGLE_MAX_VECS = 2  # vectors per thread up to which one block quantizes the whole tensor
+SINGLE_WIDE_MAX_VECS = 4  # single_wide's (the 1024-thread block), in 16-byte vectors
 DECODE_MAX_VECS = 4  # 16-byte vectors per thread the cooperative decode launch keeps in registers
 # Blocks per SM of the cooperative decode launch: 2 x 512 threads, 32 warps per SM (one block
 # per SM left 16 warps to hide the loads' latency). The build refuses a kernel that needs more
@@ -132,7 +141,7 @@ class Fp8TensorQuantConfig:
 class Fp8TensorQuant(KernelFamily):
     name = "fp8_tensor_quant"
     Config = Fp8TensorQuantConfig
-    plan_choices = ("single_small", "single", "decode", "prefill")
+    plan_choices = ("single_small", "single", "single_wide", "decode", "prefill")
     device_module = "rose_aot.kernels.fp8_tensor_quant.device"
     shape_fields = ("hidden",)
 
@@ -164,11 +173,15 @@ class Fp8TensorQuant(KernelFamily):
                   "decode_max_vecs": max(1, DECODE_MAX_VECS * 8 // vec),
                   "prefill_blocks_per_sm": PREFILL_BLOCKS_PER_SM, "unroll": GRID_STRIDE_UNROLL}
         single = {**common, "phase": "single", "unroll": SINGLE_MAX_VECS}
+        wide_vecs = max(1, SINGLE_WIDE_MAX_VECS * 8 // vec)  # 16-byte vectors, as decode's
+        single_wide = {**single, "single_max_vecs": wide_vecs, "unroll": wide_vecs}
         return (
             Variant("single_small", (SINGLE_SMALL_THREADS, 1, 1), 4 * SINGLE_SMALL_THREADS // 32,
                     params, single, pdl=PDL_MAX_THREADS),
             Variant("single", (SINGLE_THREADS, 1, 1), 4 * SINGLE_THREADS // 32, params, single,
                     pdl=PDL_MAX_THREADS),
+            Variant("single_wide", (SINGLE_THREADS, 1, 1), 4 * SINGLE_THREADS // 32, params,
+                    single_wide, pdl=PDL_MAX_THREADS),
             Variant("decode", block, smem, params,
                     {**common, "phase": "decode", "blocks_per_sm": DECODE_BLOCKS_PER_SM,
                      "unroll": common["decode_max_vecs"]},
@@ -186,9 +199,11 @@ class Fp8TensorQuant(KernelFamily):
         k = decode_v.constants
         units = tokens * (c.hidden // k["vec"])  # vectors of the tensor
         threads = decode_v.threads
-        for single in ("single_small", "single"):  # the smallest block that holds the tensor
+        # the smallest one-block variant that holds the tensor
+        for single in ("single_small", "single", "single_wide"):
             if force == single or (force is None and
-                                   units <= variants[single].threads * k["single_max_vecs"]):
+                                   units <= variants[single].threads *
+                                   variants[single].constants["single_max_vecs"]):
                 return (Launch(single, (1, 1, 1)),)
         blocks = -(-units // threads)
         if force == "decode" or (force is None and
