@@ -57,9 +57,9 @@ shared by two launches in flight.
 
 The plan: single_small, then single, up to SINGLE_MAX_VECS per thread of their block, then
 single_wide up to SINGLE_WIDE_MAX_VECS, then decode up to DECODE_MAX_ELEMENTS, the two prefill
-kernels above. SINGLE_MAX_VECS from the
-measurements above: forced single took 2.90 µs for one token of 14336 (1.75 vectors per
-thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048 (4 per thread; prefill 4.57).
+kernels above. SINGLE_MAX_VECS from the measurements above: forced single took 2.90 µs for
+one token of 14336 (1.75 vectors per thread; prefill 4.44) but 5.03 µs for 16 tokens of 2048
+(4 per thread; prefill 4.57).
 
 decode, measured (H200, 2026-12-01, every variant forced in one run, `ACT_QUANT_TOKENS=1,16,
 64,128,256,512,1024,2048,4096,8192 bash benchmarks/run_gpu.sh act_quant:fp8_tensor_quant`,
@@ -97,10 +97,8 @@ from ..spec import PDL_MAX_THREADS, Launch, TensorArg, Variant
 
 __all__ = ["Fp8TensorQuantConfig", "Fp8TensorQuant", "FP8_MAX", "BLOCK_THREADS",
            "SINGLE_THREADS", "SINGLE_SMALL_THREADS", "SINGLE_MAX_VECS", "SINGLE_WIDE_MAX_VECS",
-           "DECODE_MAX_VECS",
-           "DECODE_BLOCKS_PER_SM", "DECODE_MAX_ELEMENTS", "DECODE_PARTIALS", "DECODE_MAX_BLOCKS",
-           "PREFILL_BLOCKS_PER_SM",
-           "GRID_STRIDE_UNROLL"]
+           "DECODE_MAX_VECS", "DECODE_BLOCKS_PER_SM", "DECODE_MAX_ELEMENTS", "DECODE_PARTIALS",
+           "DECODE_MAX_BLOCKS", "PREFILL_BLOCKS_PER_SM", "GRID_STRIDE_UNROLL"]
 
 MAX_HIDDEN = 65536
 BLOCK_THREADS = 512
