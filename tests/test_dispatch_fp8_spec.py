@@ -13,6 +13,7 @@ from rose_aot.builder.compile import compile_point
 from rose_aot.errors import ConfigError
 from rose_aot.kernels import get_family
 from rose_aot.kernels.fp8_group_quant.reference import quantize_groups
+from rose_aot.kernels.moe_dispatch.tuning import SMALL_QUANT_VECS_PER_LANE
 
 FUSED = get_family("moe_dispatch_fp8_quant")
 DISPATCH = get_family("moe_dispatch")
@@ -80,16 +81,40 @@ def test_arguments_are_e4m3_rows_and_fp32_scales_in_the_layout(arch, layout):
         assert by["out"].align == vec  # a vector of vec codes per store
 
 
-def test_plans_are_moe_dispatchs():
+def test_plans_are_moe_dispatchs_but_small_units_are_token_slices():
     c, d = fused(), DISPATCH.make_config(num_experts=128, top_k=8, hidden=2048)
     a = ARCHS["sm_90a"]
     fv = {v.name: v for v in FUSED.variants(c, a)}
     dv = {v.name: v for v in DISPATCH.variants(d, a)}
     assert list(fv) == list(dv) == ["small", "decode", "prefill_route", "prefill_copy"]
+    small = fv["small"].constants
+    assert small["token_units"] and small["vecs_per_lane"] == SMALL_QUANT_VECS_PER_LANE
+    assert "token_units" not in dv["small"].constants
+    units_per_row = -(-2048 // small["vec"] // (32 * SMALL_QUANT_VECS_PER_LANE))
     for tokens in (1, 7, 32, 33, 132, 1024, 65536):
         for force in (None, *FUSED.plan_choices):
             sizes = {"tokens": tokens, "rows": FUSED.max_rows(c, tokens)}
-            assert FUSED.plan(c, fv, sizes, 132, force) == DISPATCH.plan(d, dv, sizes, 132, force)
+            ours, theirs = FUSED.plan(c, fv, sizes, 132, force), DISPATCH.plan(d, dv, sizes, 132, force)
+            assert [x.variant for x in ours] == [x.variant for x in theirs]
+            if ours[0].variant != "small":
+                assert ours == theirs
+                continue
+            # a warp per slice of a token (not of each of its top_k copies), capped per SM
+            warps = tokens * units_per_row
+            assert ours[0].grid == (min(-(-warps // 4), 132 * small["blocks_per_sm"]), 1, 1)
+
+
+def test_one_token_is_a_warp_per_slice_of_its_row_not_of_each_copy():
+    """One token, hidden 7168 bf16 on sm_90a: 896 16-byte vectors; with one vector per lane 28
+    slices, each quantized once and stored to the token's 8 rows: 7 blocks of 4 warps (the
+    plain dispatch: 8 copies x 7 slices of 4 vectors per lane, 14 blocks)."""
+    c = fused(hidden=7168)
+    a = ARCHS["sm_90a"]
+    fv = {v.name: v for v in FUSED.variants(c, a)}
+    (launch,) = FUSED.plan(c, fv, {"tokens": 1, "rows": FUSED.max_rows(c, 1)}, 132)
+    slices = -(-896 // (32 * SMALL_QUANT_VECS_PER_LANE))
+    assert launch.variant == "small" and launch.grid == (-(-slices // 4), 1, 1)
+    assert launch.grid[0] * fv["small"].threads <= fv["small"].pdl  # PDL stays on
 
 
 # --- reference --------------------------------------------------------------------------------

@@ -109,6 +109,20 @@ def test_an_arch_the_bundle_lacks_is_an_argument_error_not_nothing_to_check(tiny
         bundle.record("rms_norm.nope", "sm_90a")
 
 
+def test_record_of_a_key_or_arch_that_is_not_a_string_says_so(tiny_build):
+    """record(key, None) said the bundle has the point "for ['sm_100a', 'sm_90a'] only" (the
+    arch was missing, not the point), and a non-str key ended in a bare TypeError."""
+    bundle = open_bundle(tiny_build.path)
+    key = bundle.points("sm_90a")[0]
+    with pytest.raises(ArgumentError, match=r"the arch is a name such as 'sm_90a' \(this bundle: "
+                                            r"sm_100a, sm_90a\), got NoneType None"):
+        bundle.record(key, None)
+    for bad in ([key], None, b"rms_norm", 3):
+        with pytest.raises(ArgumentError, match=r"record\(\): a point key is a string"):
+            bundle.record(bad, "sm_90a")
+    assert bundle._archs_checked == set()  # refused before anything was checked
+
+
 def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
     tiny_build, tmp_path, recorded_loads
 ):

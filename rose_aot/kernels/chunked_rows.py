@@ -12,11 +12,12 @@ as the latency of one token wants (decode) or packed into few wide blocks (prefi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from .spec import Launch
+from .spec import Launch, Variant
 
-__all__ = ["ChunkSplit", "chunk_split", "chunked_plan"]
+__all__ = ["ChunkSplit", "bulk_variant", "chunk_split", "chunked_plan"]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -77,20 +78,35 @@ def chunk_split(vectors: int, max_threads: int, max_vecs: int) -> ChunkSplit:
     return ChunkSplit(row_threads, per_thread, col_blocks, rows, exact)
 
 
-def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int,
+def bulk_variant(decode: Variant) -> Variant:
+    """The decode shape without the programmatic-dependent-launch prologue, for decode-shaped
+    launches too large for the PDL attribute (more than decode.pdl threads): there the
+    prologue's griddepcontrol instructions do nothing but still cost every block (measured:
+    act_and_mul/tuning.py)."""
+    return dataclasses.replace(decode, name="bulk", pdl=0)
+
+
+def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int | None,
                  force: str | None = None) -> Launch | None:
     """The one launch of a chunked-row family (None for no tokens).
 
     Decode while the batch, at one vector per thread, is at most `decode_warps_per_sm` warps
-    per SM; the row's vector count is read from the decode variant's constants."""
+    per SM (None: at every size); the row's vector count is read from the decode variant's constants. Where the
+    family has a `bulk` variant (bulk_variant), a decode-shaped launch of more threads than
+    the decode variant's PDL limit takes it (forcing "decode" keeps decode)."""
     if tokens == 0:
         return None
     k = variants["decode"].constants
     vectors = k["row_threads"] * k["vecs_per_thread"] * k["col_blocks"]
-    use_decode = tokens * vectors <= 32 * decode_warps_per_sm * sm_count
+    use_decode = (decode_warps_per_sm is None
+                  or tokens * vectors <= 32 * decode_warps_per_sm * sm_count)
     if force is not None:
-        use_decode = force == "decode"
+        use_decode = force in ("decode", "bulk")
     name = "decode" if use_decode else "prefill"
     v = variants[name]
     rows = v.constants["rows_per_block"]
-    return Launch(name, (-(-tokens // rows), v.constants["col_blocks"], 1))
+    grid = (-(-tokens // rows), v.constants["col_blocks"], 1)
+    if use_decode and "bulk" in variants and force != "decode":
+        if force == "bulk" or grid[0] * grid[1] * v.threads > v.pdl:
+            name = "bulk"
+    return Launch(name, grid)

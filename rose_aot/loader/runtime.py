@@ -460,6 +460,13 @@ class KernelBundle:
     def record(self, key: str, arch: str) -> PointRecord:
         """The record of (point key, arch), as the index holds it (checking the arch's records
         first: check_records)."""
+        if not isinstance(key, str):
+            raise ArgumentError(f"record(): a point key is a string, got {type(key).__name__} "
+                                f"{key!r:.60}")
+        if not isinstance(arch, str):
+            raise ArgumentError(f"record(): the arch is a name such as 'sm_90a' (this bundle: "
+                                f"{', '.join(self.archs) or 'no arch'}), got "
+                                f"{type(arch).__name__} {arch!r:.60}")
         self.check_records(arch)
         record = self._records.get((key, arch))
         if record is None:

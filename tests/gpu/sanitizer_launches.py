@@ -76,7 +76,10 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
                 print(f"ok {handle.key} {variant} T={tokens}", flush=True)
             continue
         if point["family"] in ACT_QUANT:  # strided inputs, scale layouts, packed dtypes
-            for variant, tokens in (("decode", 3), ("prefill", 1001)):
+            runs = (("decode", 3), ("prefill", 1001))
+            if "bulk" in family.plan_choices:
+                runs += (("bulk", 1001),)
+            for variant, tokens in runs:
                 args, want, views = make_case(point["family"], config, tokens, seed=tokens)
                 handle(*args, variant=variant)
                 torch.cuda.synchronize()

@@ -57,7 +57,7 @@ def test_every_point_against_reference(bundle, tokens):
         config = family.make_config(**values)
         handle = bundle.kernel(family_name, **values)
         args, want, views = make_case(family_name, config, tokens, seed=1000 * tokens + i)
-        for variant in (None, "decode", "prefill"):
+        for variant in (None, *family.plan_choices):
             poison(family_name, views)
             handle(*args, variant=variant)
             torch.cuda.synchronize()

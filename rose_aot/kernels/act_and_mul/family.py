@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from ...archs import Arch
 from ...errors import ConfigError
 from ..base import KernelFamily, choice
-from ..chunked_rows import chunk_split, chunked_plan
+from ..chunked_rows import bulk_variant, chunk_split, chunked_plan
 from ..rowwise import access_bytes, vector_width
 from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
-from .tuning import DECODE_MAX_VECS, DECODE_THREADS, DECODE_WARPS_PER_SM, PREFILL_MAX_VECS, PREFILL_THREADS
+from .tuning import DECODE_MAX_VECS, DECODE_THREADS, PREFILL_MAX_VECS, PREFILL_THREADS
 
 __all__ = ["ActAndMulConfig", "ActAndMul", "ACTIVATIONS"]
 
@@ -47,6 +47,7 @@ def _bits(dtype: str) -> int:
 class ActAndMul(KernelFamily):
     name = "act_and_mul"
     Config = ActAndMulConfig
+    plan_choices = ("decode", "bulk", "prefill")
     device_module = "rose_aot.kernels.act_and_mul.device"
     shape_fields = ("d",)
 
@@ -97,11 +98,10 @@ class ActAndMul(KernelFamily):
                     pdl=PDL_MAX_THREADS if name == "decode" else 0,
                 )
             )
-        return tuple(out)
+        return (*out, bulk_variant(out[0]))
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
         # Decode at every size: measured faster than the prefill shape everywhere (tuning.py).
-        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM,
-                              force or "decode")
+        chosen = chunked_plan(variants, sizes["tokens"], sm_count, None, force)
         return () if chosen is None else (chosen,)

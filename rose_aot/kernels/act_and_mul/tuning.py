@@ -5,7 +5,20 @@ benchmarks/results/act_quant-act_and_mul-h200.md): the decode shape (one vector 
 128-thread blocks) beat the prefill shape (4 vectors per thread, 256-thread blocks) at every
 width 2048-14336 and token count 1-32768, by about 1.9x from 8192 tokens on (silu, d 2048,
 32768 tokens: 100.3 vs 182.9 µs; the decode shape reaches 94% of the copy bandwidth). So
-act_and_mul plans decode at every size.
+act_and_mul plans decode at every size. (A later run with the current prefill shape, one H200,
+2026-12-01, benchmarks/results/act_quant-act_and_mul-h200.md: level at 8192 tokens, prefill 1-3.5%
+faster at 32768 (silu 2048: 93.49 vs 96.17 µs); not re-swept, the plan stays.)
+
+`bulk` (act_and_mul and act_and_mul_fp8_quant; chunked_rows.bulk_variant): the decode shape
+without the programmatic-dependent-launch prologue, which the plan takes once the decode-shaped
+launch has more threads than the PDL limit (the loader launches those without the attribute,
+so griddepcontrol.wait waits for nothing, but each block still executes it). Both forms built
+from one tree and alternated in one call (`bench_act_quant.py BUNDLE --family act_and_mul,
+act_and_mul_fp8_quant --no-peers --tokens 1024,8192,32768`, one H200, 2026-12-01,
+benchmarks/results/act-bulk-experiment-h200.md): at 1024 tokens act_and_mul 7-26% faster at
+d 2048-4096 (silu 4096: 5.77 -> 4.29 µs), 2-3% at 7168, level at 14336; the fused family 1.5-6%
+(7168: 9.59 -> 9.00); at 8192-32768 act_and_mul level (within 0.2%), the fused family -0.5% to
+3.5% faster (14336 x 32768: 587.3 -> 566.6).
 
 The same holds for act_and_mul_fp8_quant (act_quant-act_and_mul_fp8_quant-h200.md, both
 variants forced in one run): decode is faster at every width and token count, 2.3-2.6x from

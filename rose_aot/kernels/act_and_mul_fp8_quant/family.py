@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from ...archs import Arch
 from ..act_and_mul.family import ACTIVATIONS
-from ..act_and_mul.tuning import DECODE_WARPS_PER_SM
 from ..base import KernelFamily, choice
 from ..chunked_rows import chunked_plan
 from ..fp8_group_quant.family import SCALE_LAYOUTS, quant_args, quant_variants, validate_quant
@@ -39,6 +38,7 @@ class ActAndMulFp8QuantConfig:
 class ActAndMulFp8Quant(KernelFamily):
     name = "act_and_mul_fp8_quant"
     Config = ActAndMulFp8QuantConfig
+    plan_choices = ("decode", "bulk", "prefill")
     device_module = "rose_aot.kernels.act_and_mul_fp8_quant.device"
     shape_fields = ("d",)
 
@@ -49,12 +49,11 @@ class ActAndMulFp8Quant(KernelFamily):
         return quant_args(c, arch, c.d, 2 * c.d)
 
     def variants(self, c: ActAndMulFp8QuantConfig, arch: Arch) -> tuple[Variant, ...]:
-        return quant_variants(c, arch, c.d, tuple(a.name for a in self.args(c, arch)))
+        return quant_variants(c, arch, c.d, tuple(a.name for a in self.args(c, arch)), bulk=True)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
         # Decode at every size: measured faster than the prefill shape everywhere, 2.3-2.6x
-        # from 8192 tokens (act_and_mul/tuning.py).
-        chosen = chunked_plan(variants, sizes["tokens"], sm_count, DECODE_WARPS_PER_SM,
-                              force or "decode")
+        # from 8192 tokens (act_and_mul/tuning.py); beyond the PDL limit as `bulk`.
+        chosen = chunked_plan(variants, sizes["tokens"], sm_count, None, force)
         return () if chosen is None else (chosen,)

@@ -57,59 +57,88 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     # small variant: a unit of work is U vectors per lane of one row slice of 32 * U vectors
     U = variant.constants.get("vecs_per_lane", 1)
     units_per_row = -(-V // (32 * U))
+    # moe_dispatch_fp8_quant's small variant: a unit is a slice of a token row, quantized once
+    # and stored to each of the token's rows (plain dispatch: a slice of one (token, k) copy)
+    token_units = bool(variant.constants.get("token_units", False))
+    assert quant or not token_units, "token units are for quantizing dispatch"
+    # a work item is a token (token units) or a (token, k) pair: item = pair // item_pairs,
+    # token = item // item_tokens
+    item_pairs, item_tokens = (K, 1) if token_units else (1, K)
     max_pairs = variant.constants.get("max_pairs", 0)
     rank_chunks = -(-max_pairs // 32)
     search_steps = (E - 1).bit_length()  # binary search over E experts
 
     @cute.jit
+    def quantize_vector(tXv, tQv, zero: cutlass.Constexpr = False) -> Float32:
+        """One vector of a lane: its group's scale (fp8_group_quant's rule, bit for bit; the
+        group's max is a shuffle over `lanes` lanes, so the whole warp calls it) and, unless
+        `zero`, its e4m3 codes into tQv."""
+        tYrY = cute.make_rmem_tensor((vec,), Float32)
+        tYrY.store(tXv.load().to(Float32))
+        amax = Float32(0.0)
+        for k in cutlass.range_constexpr(vec):
+            amax = cute.arch.fmax(amax, cute.math.absf(tYrY[k]))
+        amax = butterfly_max(amax, lanes)
+        m = cute.arch.fmax(amax, Float32(eps))
+        if const_expr(ue8m0):
+            scale = ue8m0_scale(m)
+        else:
+            scale = m / Float32(FP8_MAX)
+        if const_expr(not zero):
+            divisor, recip = quotient_factors(scale)
+            for k in cutlass.range_constexpr(vec):
+                tYrY[k] = quotient(tYrY[k], divisor, recip)
+            tQv.store(tYrY.load().to(cutlass.Float8E4M3FN))
+        return scale
+
+    @cute.jit
+    def store_codes(tQrQ, tS, mOut, mOutS, row, base, n: cutlass.Constexpr,
+                    static_base: cutlass.Constexpr, zero: cutlass.Constexpr = False):
+        """Vectors base + i*32 + lane (i < n) of quantized codes into row `row` of out, and
+        with `tS` (one scale per vector) the scales into out_scales (the group's first lane).
+        `zero`: zero bytes instead of tQrQ (padding rows). `static_base` as in `emit`."""
+        lane = cute.arch.thread_idx()[0] % 32
+        gO = cute.zipped_divide(mOut[row, None], (vec,))
+        if const_expr(zero):
+            tZero = cute.make_rmem_tensor((vec,), cutlass.Uint8)
+            tZero.fill(0)
+            gO = cute.zipped_divide(cute.recast_tensor(mOut, cutlass.Uint8)[row, None], (vec,))
+        for i in cutlass.range_constexpr(n):
+            if const_expr(static_base < 0 or static_base + i * 32 < V):
+                j = base + i * 32 + lane
+                if j < V:
+                    if const_expr(tS is not None):
+                        if lane % lanes == 0:
+                            mOutS[row, j // lanes] = tS[i]
+                    if const_expr(zero):
+                        cute.autovec_copy(tZero, gO[(None, j)])
+                    else:
+                        cute.autovec_copy(tQrQ[None, i], gO[(None, j)])
+
+    @cute.jit
     def emit(tXrX, mOut, mOutS, row, base, n: cutlass.Constexpr, static_base: cutlass.Constexpr,
              zero: cutlass.Constexpr = False):
         """Store vectors base + i*32 + lane (i < n) of a token row into row `row` of out; with
-        quantization, each vector's group scale (fp8_group_quant's rule, bit for bit) goes to
-        out_scales. The whole warp calls it (group maxima are warp shuffles). `static_base`:
-        base is that compile-time value (vectors past the row are then skipped statically).
-        `zero`: tXrX is all +0 (padding rows): the codes are stored as zero bytes, never
-        converted. (A compile-time zero converted with cvt.rn.satfinite.e4m3x2 and duplicated
-        into a 32-bit word, {%rs, %rs}, was packed by ptxas with a stale register's upper half:
-        the H200 wrote nonzero codes into padding rows.)"""
+        quantization, each vector's group scale goes to out_scales as soon as it is known, the
+        codes after all of them. The whole warp calls it (group maxima are warp shuffles).
+        `static_base`: base is that compile-time value (vectors past the row are then skipped
+        statically); -1: not known at compile time. `zero`: tXrX is all +0 (padding rows): the
+        codes are stored as zero bytes, never converted. (A compile-time zero converted with
+        cvt.rn.satfinite.e4m3x2 and duplicated into a 32-bit word, {%rs, %rs}, was packed by
+        ptxas with a stale register's upper half: the H200 wrote nonzero codes into padding
+        rows.)"""
         lane = cute.arch.thread_idx()[0] % 32
-        gO = cute.zipped_divide(mOut[row, None], (vec,))
         if const_expr(quant):
             tQrQ = cute.make_rmem_tensor((vec, n), cutlass.Float8E4M3FN)
             for i in cutlass.range_constexpr(n):
                 if const_expr(static_base < 0 or static_base + i * 32 < V):
-                    tYrY = cute.make_rmem_tensor((vec,), Float32)
-                    tYrY.store(tXrX[None, i].load().to(Float32))
-                    amax = Float32(0.0)
-                    for k in cutlass.range_constexpr(vec):
-                        amax = cute.arch.fmax(amax, cute.math.absf(tYrY[k]))
-                    amax = butterfly_max(amax, lanes)
-                    m = cute.arch.fmax(amax, Float32(eps))
-                    if const_expr(ue8m0):
-                        scale = ue8m0_scale(m)
-                    else:
-                        scale = m / Float32(FP8_MAX)
+                    scale = quantize_vector(tXrX[None, i], tQrQ[None, i], zero)
                     j = base + i * 32 + lane
                     if j < V and lane % lanes == 0:
                         mOutS[row, j // lanes] = scale
-                    if const_expr(not zero):
-                        divisor, recip = quotient_factors(scale)
-                        for k in cutlass.range_constexpr(vec):
-                            tYrY[k] = quotient(tYrY[k], divisor, recip)
-                        tQrQ[None, i].store(tYrY.load().to(cutlass.Float8E4M3FN))
-            if const_expr(zero):
-                tZero = cute.make_rmem_tensor((vec,), cutlass.Uint8)
-                tZero.fill(0)
-                gO = cute.zipped_divide(cute.recast_tensor(mOut, cutlass.Uint8)[row, None], (vec,))
-            for i in cutlass.range_constexpr(n):
-                if const_expr(static_base < 0 or static_base + i * 32 < V):
-                    j = base + i * 32 + lane
-                    if j < V:
-                        if const_expr(zero):
-                            cute.autovec_copy(tZero, gO[(None, j)])
-                        else:
-                            cute.autovec_copy(tQrQ[None, i], gO[(None, j)])
+            store_codes(tQrQ, None, mOut, mOutS, row, base, n, static_base, zero)
         else:
+            gO = cute.zipped_divide(mOut[row, None], (vec,))
             for i in cutlass.range_constexpr(n):
                 j = base + i * 32 + lane
                 if j < V:
@@ -383,6 +412,31 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                     mOutS[row, g] = mXs[t, g]
 
     @cute.jit
+    def small_copy(mX, mXs, mOut, mOutS, u, sExp, sOffset, sRank, tXrX, load: cutlass.Constexpr):
+        """Unit u of the small variant (tXrX holds its slice unless `load`)."""
+        s = u % units_per_row
+        if const_expr(token_units):
+            t = u // units_per_row
+            if const_expr(load):
+                load_slice(mX, t, s, tXrX)
+            tQrQ = cute.make_rmem_tensor((vec, U), cutlass.Float8E4M3FN)
+            tS = cute.make_rmem_tensor((U,), Float32)
+            for i in cutlass.range_constexpr(U):
+                tS[i] = quantize_vector(tXrX[None, i], tQrQ[None, i])
+            for k in cutlass.range_constexpr(K):
+                key = sExp[t * K + k]
+                if key >= 0:
+                    store_codes(tQrQ, tS, mOut, mOutS, sOffset[key] + sRank[t * K + k],
+                                s * (32 * U), U, -1)
+        else:
+            p = u // units_per_row
+            key = sExp[p]
+            if key >= 0:
+                if const_expr(load):
+                    load_slice(mX, p // K, s, tXrX)
+                copy_unit(mX, mXs, mOut, mOutS, p // K, sOffset[key] + sRank[p], s, tXrX)
+
+    @cute.jit
     def small_body(mX, mIds, mXs, mOut, mOutS, mOffsets, mPos):
         pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
@@ -398,7 +452,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         sRank = alloc.tensor(Int32, max_pairs)
         sWarp = alloc.tensor(Int32, warps)
         pairs = mIds.shape[0] * K
-        copies = pairs * units_per_row
+        copies = pairs // item_pairs * units_per_row
         stride = blocks * warps
         first = bidx * warps + warp
         # The token row a warp copies first does not depend on the routing: load it now.
@@ -406,7 +460,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         if const_expr(quant):
             tXrX.fill(0)  # lanes past the row end form whole groups of their own
         if first < copies:
-            load_slice(mX, first // units_per_row // K, first % units_per_row, tXrX)
+            load_slice(mX, first // units_per_row // item_tokens, first % units_per_row, tXrX)
         for e in cutlass.range(tidx, E, threads):
             sCount[e] = Int32(0)
         cute.arch.sync_threads()
@@ -421,18 +475,9 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                     row = sOffset[key] + sRank[i]
                 mPos[i // K, i % K] = row
         if first < copies:
-            p = first // units_per_row
-            key = sExp[p]
-            if key >= 0:
-                copy_unit(mX, mXs, mOut, mOutS, p // K, sOffset[key] + sRank[p],
-                          first % units_per_row, tXrX)
+            small_copy(mX, mXs, mOut, mOutS, first, sExp, sOffset, sRank, tXrX, False)
         for u in cutlass.range(first + stride, copies, stride):
-            p = u // units_per_row
-            key = sExp[p]
-            if key >= 0:
-                load_slice(mX, p // K, u % units_per_row, tXrX)
-                copy_unit(mX, mXs, mOut, mOutS, p // K, sOffset[key] + sRank[p],
-                          u % units_per_row, tXrX)
+            small_copy(mX, mXs, mOut, mOutS, u, sExp, sOffset, sRank, tXrX, True)
         if const_expr(align > 1):
             tZ = cute.make_rmem_tensor((vec, U), dtype)
             tZ.fill(0)

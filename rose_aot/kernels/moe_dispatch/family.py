@@ -231,7 +231,7 @@ class MoeDispatch(KernelFamily):
         small_v = variants["small"]
         # Forcing "small" beyond its capacity (its shared arrays) gets the size's own plan.
         if pairs <= small_v.constants["max_pairs"] and force in (None, "small"):
-            return (Launch("small", (self._small_grid(c, small_v, pairs, sm_count), 1, 1)),)
+            return (Launch("small", (self._small_grid(c, small_v, tokens, sm_count), 1, 1)),)
         decode_v = variants["decode"]
         threads = decode_v.threads
         warps = threads // 32
@@ -249,11 +249,13 @@ class MoeDispatch(KernelFamily):
             Launch("prefill_copy", (-(-work // copy_warps), 1, 1)),
         )
 
-    def _small_grid(self, c: MoeDispatchConfig, v, pairs: int, sm_count: int) -> int:
-        """One warp per unit (32 x vecs_per_lane vectors of one copy), capped per SM; padding
-        rows (known only on the device) go to the same warps in a grid-stride loop."""
+    def _small_grid(self, c: MoeDispatchConfig, v, tokens: int, sm_count: int) -> int:
+        """One warp per unit (32 x vecs_per_lane vectors of one copy, or with `token_units` of
+        one token row for all its copies), capped per SM; padding rows (known only on the
+        device) go to the same warps in a grid-stride loop."""
         k = v.constants
         units_per_row = -(-(c.hidden // k["vec"]) // (32 * k["vecs_per_lane"]))
+        rows = tokens if k.get("token_units") else tokens * c.top_k
         warps = v.threads // 32
-        blocks = -(-pairs * units_per_row // warps)
+        blocks = -(-rows * units_per_row // warps)
         return max(1, min(blocks, sm_count * k["blocks_per_sm"]))

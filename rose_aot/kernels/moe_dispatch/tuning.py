@@ -8,6 +8,7 @@ __all__ = [
     "SMALL_BLOCK_THREADS",
     "SMALL_MAX_PAIRS",
     "SMALL_VECS_PER_LANE",
+    "SMALL_QUANT_VECS_PER_LANE",
     "SMALL_BLOCKS_PER_SM",
 ]
 
@@ -33,3 +34,11 @@ SMALL_BLOCK_THREADS = 128
 SMALL_VECS_PER_LANE = 4
 # At most this many blocks per SM (further units go to the same warps in a grid-stride loop).
 SMALL_BLOCKS_PER_SM = 4
+# moe_dispatch_fp8_quant's small variant: a unit is a slice of a token row, quantized once and
+# stored to each of the token's top_k rows, and each lane quantizes this many vectors (a chain
+# of shuffles and two divisions per vector, so fewer per lane and more warps). Measured on the
+# H200 against 2 and 4 and against the per-copy units of 4 vectors it replaced
+# (benchmarks/results/dispatch-fp8-token-units-experiment-h200.md; 128 experts, top-8, 1-32
+# tokens of 2048 and 7168): 1 fastest everywhere, 5-18% under the per-copy units (one token of
+# 7168: 2.57 -> 2.11 µs) and 21-43% under moe_dispatch then fp8_group_quant.
+SMALL_QUANT_VECS_PER_LANE = 1

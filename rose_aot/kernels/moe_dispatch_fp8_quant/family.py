@@ -17,9 +17,10 @@ device code is the same instructions. Expert ids, the tensor-parallel range and 
 rows inside an expert follow moe_dispatch (unspecified but in the small variant; compare through
 positions).
 
-Launch plans, workspace and variants are moe_dispatch's (small / decode / prefill), each copy
-quantizing its row on the way; a copy is quantized top_k times, once per expert it goes to
-(recomputing is cheaper than another pass).
+Launch plans, workspace and variants are moe_dispatch's (small / decode / prefill), quantizing
+rows on the way. The small variant's unit is a slice of a token row (SMALL_QUANT_VECS_PER_LANE
+vectors per lane), quantized once and stored to each of the token's rows; decode and prefill
+quantize each copy, top_k times per token (recomputing is cheaper than another pass).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ...archs import Arch
 from ..base import choice
 from ..fp8_group_quant.family import SCALE_LAYOUTS, validate_quant
 from ..moe_dispatch.family import MoeDispatch
+from ..moe_dispatch.tuning import SMALL_QUANT_VECS_PER_LANE
 from ..rowwise import row_align
 from ..spec import Dim, TensorArg, Variant
 
@@ -85,13 +87,15 @@ class MoeDispatchFp8Quant(MoeDispatch):
         )
 
     def variants(self, c: MoeDispatchFp8QuantConfig, arch: Arch) -> tuple[Variant, ...]:
-        """moe_dispatch's variants; a group is `group_lanes` consecutive lanes' vectors."""
-        return tuple(
-            dataclasses.replace(
-                v, constants={**v.constants, "group_lanes": c.group // v.constants["vec"]}
-            )
-            for v in super().variants(c, arch)
-        )
+        """moe_dispatch's variants; a group is `group_lanes` consecutive lanes' vectors; the
+        small variant's units are token slices."""
+        out = []
+        for v in super().variants(c, arch):
+            constants = {**v.constants, "group_lanes": c.group // v.constants["vec"]}
+            if v.name == "small":
+                constants.update(token_units=True, vecs_per_lane=SMALL_QUANT_VECS_PER_LANE)
+            out.append(dataclasses.replace(v, constants=constants))
+        return tuple(out)
 
     def op_suffix(self, c: MoeDispatchFp8QuantConfig) -> str:
         return ""
