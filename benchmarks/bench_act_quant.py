@@ -1,7 +1,7 @@
 """act_and_mul, fp8_group_quant, act_and_mul_fp8_quant and block_scaled_quant from a CPU-built
-bundle against torch eager, torch.compile of the same math and (where installed) Liger-Kernel's
-SiLU-mul. block_scaled_quant (with nvfp4_quant) has a torch peer for MXFP8 with row-major
-scales only (no fp4 peer).
+bundle against torch eager, torch.compile of the same math (compiled for each shape: no
+dynamic-shape kernels) and (where installed) Liger-Kernel's SiLU-mul. block_scaled_quant (with
+nvfp4_quant) has a torch peer for MXFP8 with row-major scales only (no fp4 peer).
 
     python benchmarks/bench_act_quant.py BUNDLE [--family act_and_mul|fp8_group_quant|
         act_and_mul_fp8_quant|...|all, or several joined by commas] [--tokens 1,16,...]
@@ -34,7 +34,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
 
 from common import (  # noqa: E402
-    bench_us, copy_bandwidth_tbs, environment, int_list, out_dir, plot_families,
+    bench_us, compile_per_shape, copy_bandwidth_tbs, environment, int_list, out_dir,
+    plot_families,
 )
 
 WIDTHS = [2048, 4096, 7168, 14336]
@@ -153,7 +154,7 @@ def bench_act_and_mul(bundle, tokens_list, widths, rows):
     import torch
 
     liger = _liger_silu_mul()
-    compiled = torch.compile(act_torch)
+    compiled = compile_per_shape(act_torch)
     for activation in ("silu", "gelu_tanh"):
         for d in widths:
             values = dict(d=d, activation=activation)
@@ -188,7 +189,7 @@ def bench_quant(bundle, tokens_list, widths, rows, fused):
 
     family = "act_and_mul_fp8_quant" if fused else "fp8_group_quant"
     peer = fused_torch if fused else quant_torch
-    compiled = torch.compile(peer)
+    compiled = compile_per_shape(peer)
     layouts = ("col_major_tma",) if fused else ("row_major", "col_major_tma")
     for layout in layouts:
         for h in widths:
@@ -247,7 +248,7 @@ def bench_token_tensor(bundle, tokens_list, widths, rows, per_tensor):
 
     family = "fp8_tensor_quant" if per_tensor else "fp8_token_quant"
     peer = tensor_quant_torch if per_tensor else token_quant_torch
-    compiled = torch.compile(peer)
+    compiled = compile_per_shape(peer)
     for h in widths:
         ours = bundle.kernel(family, hidden=h)
         config = ours.config
@@ -309,7 +310,7 @@ def bench_block_scaled(bundle, tokens_list, widths, rows):
 
     from act_quant_cases import compare, make_case
 
-    compiled = torch.compile(mxfp8_torch)
+    compiled = compile_per_shape(mxfp8_torch)
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
         family = "nvfp4_quant" if fmt == "nvfp4" else "block_scaled_quant"
         for h in widths:

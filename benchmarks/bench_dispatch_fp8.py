@@ -2,15 +2,18 @@
 followed by fp8_group_quant (two launches, from the same bundle) and against torch eager /
 torch.compile of the same math (argsort dispatch, then per-group absmax quantization).
 
-    python benchmarks/bench_dispatch_fp8.py BUNDLE [--tokens 1,16,...]
+    python benchmarks/bench_dispatch_fp8.py BUNDLE [--tokens 1,16,...] [--hidden 2048,...]
+        [--no-peers] [--label NAME]
 
 BUNDLE: `rose-aot build benchmarks/manifests/moe_fp8.toml -o build/bench-moe-fp8.rosebundle`.
 GPU time per call, CUDA-graph replay, median; 128 experts, top-8, bf16 tokens, group 128. The
 fused kernel is also timed with each variant forced ("small" beyond its capacity is the plan's
 choice). Before timing, the fused output is checked bitwise against the unfused pair at the
 benchmarked shape (through positions); a mismatch aborts the run. Bytes counted: x read once +
-e4m3 rows and fp32 scales written. Writes moe_fp8.json and moe_fp8.md to $OUT (or
-benchmarks/results).
+e4m3 rows and fp32 scales written. Writes moe_fp8.json and moe_fp8.md (moe_fp8-NAME.* with
+--label) to $OUT (or benchmarks/results). --hidden keeps the shapes of those widths; --no-peers
+skips torch eager and torch.compile (an A/B of experimental bundles: the fused kernel, the
+unfused pair and dispatch alone are still timed).
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_moe import torch_dispatch  # noqa: E402
-from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
+from common import (  # noqa: E402
+    bench_us,
+    compile_per_shape,
+    copy_bandwidth_tbs,
+    environment,
+    int_list,
+    out_dir,
+)
 
 EXPERTS, TOP_K, GROUP = 128, 8, 128
 TOKENS = [1, 4, 16, 32, 64, 128, 256, 1024, 8192]
@@ -63,17 +73,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("--tokens", type=int_list, default=TOKENS)
+    parser.add_argument("--hidden", type=int_list, default=None,
+                        help="only the shapes of these widths (default: every shape)")
+    parser.add_argument("--no-peers", action="store_true", help="skip torch eager and torch.compile")
+    parser.add_argument("--label", default=None, help="name the outputs moe_fp8-LABEL.{json,md}")
     args = parser.parse_args()
     tokens_list = args.tokens
+    shapes = [s for s in SHAPES if args.hidden is None or s[0] in args.hidden]
+    if not shapes:
+        parser.error(f"--hidden: no shape of width {args.hidden}; the shapes are {SHAPES}")
+    stem = "moe_fp8" + (f"-{args.label}" if args.label else "")
     out = out_dir(os.path.join(os.path.dirname(__file__), "results"))
     env = environment()
     copy_tbs = copy_bandwidth_tbs()
     print(f"{env} copy {copy_tbs:.3f} TB/s", flush=True)
     bundle = open_bundle(args.bundle)
     bundle.preload()
-    compiled = torch.compile(torch_dispatch_quant)
+    compiled = compile_per_shape(torch_dispatch_quant)
     rows_out = []
-    for hidden, layout in SHAPES:
+    for hidden, layout in shapes:
         groups = hidden // GROUP
         fused = bundle.kernel("moe_dispatch_fp8_quant", num_experts=EXPERTS, top_k=TOP_K,
                               hidden=hidden, group=GROUP, scale_layout=layout)
@@ -119,19 +137,20 @@ def main() -> None:
                 )
             u["dispatch_then_quant"] = bench_us(unfused)
             u["dispatch_only"] = bench_us(lambda: dispatch(x, ids, routed, offsets2, pos2))
-            u["torch_eager"] = bench_us(lambda: torch_dispatch_quant(x, ids, EXPERTS, GROUP))
-            compiled(x, ids, EXPERTS, GROUP)
-            u["torch_compile"] = bench_us(lambda: compiled(x, ids, EXPERTS, GROUP))
+            if not args.no_peers:
+                u["torch_eager"] = bench_us(lambda: torch_dispatch_quant(x, ids, EXPERTS, GROUP))
+                compiled(x, ids, EXPERTS, GROUP)
+                u["torch_compile"] = bench_us(lambda: compiled(x, ids, EXPERTS, GROUP))
             print(f"H={hidden} {layout} T={tokens} " + " ".join(f"{k}={v:.2f}" for k, v in u.items()),
                   flush=True)
             rows_out.append(row)
-    with open(os.path.join(out, "moe_fp8.json"), "w") as f:
+    with open(os.path.join(out, stem + ".json"), "w") as f:
         json.dump({"environment": env, "copy_tbs": copy_tbs, "rows": rows_out}, f, indent=1)
     lines = [
         f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, {env['date']}; copy "
         f"bandwidth {copy_tbs:.2f} TB/s. µs per call, CUDA-graph replay, median; 128 experts, "
         f"top-8, bf16 tokens, FP8 groups of {GROUP}. TB/s counts x read once plus codes and "
-        f"scales written.",
+        f"scales written. torch.compile: compiled for each shape (dynamic=False).",
         "",
         "| hidden | scales | tokens | fused µs (plan) | small | decode | prefill | TB/s | "
         "dispatch + fp8_group_quant | dispatch alone | torch eager | torch.compile | "
@@ -141,16 +160,19 @@ def main() -> None:
     for r in rows_out:
         u = r["us"]
         tbs = r["bytes"] / (u["fused"] * 1e-6) / 1e12
+        peers = ("-", "-", "-")  # --no-peers
+        if "torch_compile" in u:
+            peers = (f"{u['torch_eager']:.2f}", f"{u['torch_compile']:.2f}",
+                     f"{u['torch_compile'] / u['fused']:.2f}x")
         lines.append(
             f"| {r['hidden']} | {r['layout']} | {r['tokens']} | {u['fused']:.2f} | "
             f"{u['fused_small']:.2f} | {u['fused_decode']:.2f} | {u['fused_prefill']:.2f} | "
             f"{tbs:.2f} | {u['dispatch_then_quant']:.2f} | {u['dispatch_only']:.2f} | "
-            f"{u['torch_eager']:.2f} | {u['torch_compile']:.2f} | "
-            f"{u['dispatch_then_quant'] / u['fused']:.2f}x | {u['torch_compile'] / u['fused']:.2f}x |"
+            f"{peers[0]} | {peers[1]} | {u['dispatch_then_quant'] / u['fused']:.2f}x | {peers[2]} |"
         )
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(out, "moe_fp8.md"), "w") as f:
+    with open(os.path.join(out, stem + ".md"), "w") as f:
         f.write(text + "\n")
 
 

@@ -24,7 +24,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import bench_us, copy_bandwidth_tbs, environment, int_list, out_dir  # noqa: E402
+from common import (  # noqa: E402
+    bench_us,
+    compile_per_shape,
+    copy_bandwidth_tbs,
+    environment,
+    int_list,
+    out_dir,
+)
 
 EXPERTS, TOP_K = 128, 8
 TOKENS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 8192]
@@ -55,14 +62,8 @@ def combine_sweep(bundle, token_counts, out, env, copy_tbs, top_ks=None) -> None
     """Every moe_combine point of the bundle at decode sizes: plan, each variant forced, and
     torch.compile compiled for each shape (its best case: no dynamic-shape kernels)."""
     import torch
-    import torch._dynamo
 
-    # one recompilation per shape; past the default limit dynamo would fall back to eager
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 4096)
-    compiled = torch.compile(torch_combine, dynamic=False)
+    compiled = compile_per_shape(torch_combine)
     arch = bundle.arch_for_device(torch.cuda.current_device())
     points = sorted(
         (p["config"]["top_k"], p["config"]["hidden"], p["config"]["dtype"])
@@ -150,8 +151,8 @@ def main() -> None:
         tokens = args.sweep_tokens
         combine_sweep(bundle, tokens, out, env, copy_tbs, args.sweep_top_k)
         return
-    dispatch_compiled = torch.compile(torch_dispatch)
-    combine_compiled = torch.compile(torch_combine)
+    dispatch_compiled = compile_per_shape(torch_dispatch)
+    combine_compiled = compile_per_shape(torch_combine)
     rows_out = []
     for hidden in (2048, 7168):  # 7168: also the small/decode switch region (16..64 tokens)
         dispatch = bundle.kernel("moe_dispatch", num_experts=EXPERTS, top_k=TOP_K, hidden=hidden)

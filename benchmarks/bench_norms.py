@@ -1,4 +1,5 @@
-"""qk_norm and rms_norm from a CPU-built bundle against torch eager, torch.compile and Liger.
+"""qk_norm and rms_norm from a CPU-built bundle against torch eager, torch.compile (compiled for
+each shape: no dynamic-shape kernels) and Liger.
 
     python benchmarks/bench_norms.py BUNDLE [--family qk_norm|rms_norm] [--tokens 1,128,...]
 
@@ -19,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import (  # noqa: E402
-    bench_us, copy_bandwidth_tbs, environment, int_list, out_dir, plot_families,
+    bench_us, compile_per_shape, copy_bandwidth_tbs, environment, int_list, out_dir, plot_families,
 )
 
 QK_SHAPES = [(32, 4, 128), (32, 8, 128), (8, 4, 256)]
@@ -58,7 +59,7 @@ def bench_qk_norm(bundle, tokens_list, rows):
     import torch
     from liger_kernel.transformers.functional import liger_rms_norm
 
-    compiled = torch.compile(qk_norm_torch)
+    compiled = compile_per_shape(qk_norm_torch)
     for hq, hk, d in QK_SHAPES:
         ours = bundle.kernel("qk_norm", num_q_heads=hq, num_k_heads=hk, head_dim=d, eps=EPS)
         rowwise = bundle.kernel("rms_norm", hidden=d, eps=EPS)
@@ -95,8 +96,8 @@ def bench_rms_norm(bundle, tokens_list, rows, hiddens=HIDDENS):
     import torch
     from liger_kernel.transformers.functional import liger_fused_add_rms_norm, liger_rms_norm
 
-    compiled = torch.compile(rms_norm_torch)
-    compiled_fused = torch.compile(fused_rms_norm_torch)
+    compiled = compile_per_shape(rms_norm_torch)
+    compiled_fused = compile_per_shape(fused_rms_norm_torch)
     for fused in (False, True):
         for h in hiddens:
             ours = bundle.kernel("rms_norm", hidden=h, eps=EPS, fused_residual=fused)

@@ -28,7 +28,7 @@ limit() {  # the time limit of a step: $<STEP>_LIMIT (act_quant:... reads ACT_QU
     var="${var//[^A-Z0-9_]/_}_LIMIT"
     case "$base" in
         tests) default=330 ;; overhead) default=60 ;; warmup) default=300 ;; moe) default=110 ;;
-        act_quant) default=200 ;; moe_sweep) default=60 ;; moe_fp8) default=40 ;;
+        act_quant) default=200 ;; moe_sweep) default=60 ;; moe_fp8) default=300 ;;
         ep) default=150 ;; *) default=300 ;;
     esac
     echo "${!var:-$default}"
