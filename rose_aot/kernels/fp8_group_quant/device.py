@@ -15,7 +15,7 @@ from ..device_utils import pdl_prologue, quotient, quotient_factors
 from ..spec import Variant
 from .family import FP8_MAX
 
-__all__ = ["host_function", "build", "butterfly_max", "ue8m0_scale"]
+__all__ = ["host_function", "build", "butterfly_max", "group_scale", "ue8m0_scale"]
 
 
 @cute.jit
@@ -57,6 +57,20 @@ def ue8m0_scale(m: Float32) -> Float32:
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+@cute.jit
+def group_scale(amax: Float32, lanes: cutlass.Constexpr, eps: cutlass.Constexpr,
+                ue8m0: cutlass.Constexpr) -> Float32:
+    """The scale of a group from one lane's absmax (the group is `lanes` consecutive lanes, so
+    the whole warp calls it): max(group absmax, eps) / 448, or its UE8M0 rounding up."""
+    amax = butterfly_max(amax, lanes)
+    m = cute.arch.fmax(amax, Float32(eps))
+    if const_expr(ue8m0):
+        scale = ue8m0_scale(m)
+    else:
+        scale = m / Float32(FP8_MAX)
+    return scale
 
 
 def build(config, variant: Variant, arch: Arch, width: int, activation: str | None):
@@ -106,12 +120,7 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
             amax = Float32(0.0)
             for j in cutlass.range_constexpr(vec):
                 amax = cute.arch.fmax(amax, cute.math.absf(tYrY[j, i]))
-            amax = butterfly_max(amax, lanes)
-            m = cute.arch.fmax(amax, Float32(eps))
-            if const_expr(ue8m0):
-                scale = ue8m0_scale(m)
-            else:
-                scale = m / Float32(FP8_MAX)
+            scale = group_scale(amax, lanes, eps, ue8m0)
             divisor, recip = quotient_factors(scale)
             for j in cutlass.range_constexpr(vec):
                 tYrY[j, i] = quotient(tYrY[j, i], divisor, recip)

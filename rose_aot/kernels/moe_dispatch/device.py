@@ -17,8 +17,7 @@ from ..device_utils import (
     quotient,
     quotient_factors,
 )
-from ..fp8_group_quant.device import butterfly_max, ue8m0_scale
-from ..fp8_group_quant.family import FP8_MAX
+from ..fp8_group_quant.device import group_scale
 from ..spec import Variant
 from .family import MoeDispatchConfig
 
@@ -78,12 +77,7 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         amax = Float32(0.0)
         for k in cutlass.range_constexpr(vec):
             amax = cute.arch.fmax(amax, cute.math.absf(tYrY[k]))
-        amax = butterfly_max(amax, lanes)
-        m = cute.arch.fmax(amax, Float32(eps))
-        if const_expr(ue8m0):
-            scale = ue8m0_scale(m)
-        else:
-            scale = m / Float32(FP8_MAX)
+        scale = group_scale(amax, lanes, eps, ue8m0)
         if const_expr(not zero):
             divisor, recip = quotient_factors(scale)
             for k in cutlass.range_constexpr(vec):
