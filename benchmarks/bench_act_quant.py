@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
 
 from common import (  # noqa: E402
-    bench_us, compile_per_shape, copy_bandwidth_tbs, environment, int_list, out_dir,
+    bench_us, compile_per_shape, copy_bandwidth_tbs, environment, file_label, int_list, out_dir,
     plot_families,
 )
 
@@ -360,12 +360,7 @@ def _families(text: str) -> str:
     return text
 
 
-def _label(text: str) -> str:
-    """--label: a plain file-name part (the outputs are act_quant-LABEL.* in the output folder)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: use letters, digits, '.', '_' and '-' (it names act_quant-LABEL.json)")
-    return text
+_label = file_label("act_quant")  # --label: the outputs are act_quant-LABEL.* in the output folder
 
 
 def report(rows, copy_tbs, env, out, name):

@@ -31,6 +31,7 @@ from common import (  # noqa: E402
     compile_per_shape,
     copy_bandwidth_tbs,
     environment,
+    file_label,
     int_list,
     out_dir,
 )
@@ -75,8 +76,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int_list, default=TOKENS)
     parser.add_argument("--hidden", type=int_list, default=None,
                         help="only the shapes of these widths (default: every shape)")
-    parser.add_argument("--no-peers", action="store_true", help="skip torch eager and torch.compile")
-    parser.add_argument("--label", default=None, help="name the outputs moe_fp8-LABEL.{json,md}")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="skip torch eager and torch.compile")
+    parser.add_argument("--label", type=file_label("moe_fp8"), default=None,
+                        help="name the outputs moe_fp8-LABEL.{json,md}")
     args = parser.parse_args()
     tokens_list = args.tokens
     shapes = [s for s in SHAPES if args.hidden is None or s[0] in args.hidden]

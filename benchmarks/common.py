@@ -54,6 +54,21 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def file_label(stem: str):
+    """argparse type of a --label that names output files STEM-LABEL.*: a plain file-name part
+    (no folder, no leading dot), so that a label never writes outside the output folder."""
+    import argparse
+    import re
+
+    def check(text: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: use letters, digits, '.', '_' and '-' (it names {stem}-LABEL.json)")
+        return text
+
+    return check
+
+
 def bench_us(fn, rep_ms: int = 60) -> float:
     """Median GPU time of one call in µs, replayed in a CUDA graph (triton's do_bench_cudagraph)."""
     import triton.testing

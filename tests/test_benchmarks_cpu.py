@@ -295,6 +295,22 @@ def test_bench_act_quant_family_option_takes_all_or_names_joined_by_commas(monke
             bench._label(bad)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--label", "../x"], "moe_fp8-LABEL"),
+    (["--label", ".hidden"], "moe_fp8-LABEL"),
+    (["--hidden", "1234"], "no shape of width [1234]"),
+    (["--tokens", "0"], "positive integers"),
+])
+def test_bench_dispatch_fp8_refuses_bad_options_before_any_gpu_work(args, message):
+    """Exit 2 with one line from argparse, before torch touches a GPU (this machine has none):
+    a label with a folder in it would write outside the output folder."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_dispatch_fp8.py"),
+                          "no-such.rosebundle", *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
 def test_preload_probe_breakdown_times_functions_the_loader_has():
     """Each phase of preload_probe.py's breakdown names a function of rose_aot that open and
     preload call (a rename would otherwise surface only in a device call)."""

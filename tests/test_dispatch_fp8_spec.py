@@ -94,7 +94,8 @@ def test_plans_are_moe_dispatchs_but_small_units_are_token_slices():
     for tokens in (1, 7, 32, 33, 132, 1024, 65536):
         for force in (None, *FUSED.plan_choices):
             sizes = {"tokens": tokens, "rows": FUSED.max_rows(c, tokens)}
-            ours, theirs = FUSED.plan(c, fv, sizes, 132, force), DISPATCH.plan(d, dv, sizes, 132, force)
+            ours = FUSED.plan(c, fv, sizes, 132, force)
+            theirs = DISPATCH.plan(d, dv, sizes, 132, force)
             assert [x.variant for x in ours] == [x.variant for x in theirs]
             if ours[0].variant != "small":
                 assert ours == theirs
