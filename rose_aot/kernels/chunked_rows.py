@@ -91,9 +91,9 @@ def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int 
     """The one launch of a chunked-row family (None for no tokens).
 
     Decode while the batch, at one vector per thread, is at most `decode_warps_per_sm` warps
-    per SM (None: at every size); the row's vector count is read from the decode variant's constants. Where the
-    family has a `bulk` variant (bulk_variant), a decode-shaped launch of more threads than
-    the decode variant's PDL limit takes it (forcing "decode" keeps decode)."""
+    per SM (None: at every size); the row's vector count is read from the decode variant's
+    constants. Where the family has a `bulk` variant (bulk_variant), a decode-shaped launch of
+    more threads than the decode variant's PDL limit takes it (forcing "decode" keeps decode)."""
     if tokens == 0:
         return None
     k = variants["decode"].constants
