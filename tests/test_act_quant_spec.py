@@ -15,7 +15,7 @@ import pytest
 from rose_aot.archs import get_arch
 from rose_aot.errors import ConfigError
 from rose_aot.kernels import get_family
-from rose_aot.kernels.chunked_rows import chunk_split
+from rose_aot.kernels.chunked_rows import MAX_GRID_Y, chunk_grid, chunk_split
 from rose_aot.kernels.spec import Dim
 
 torch = pytest.importorskip("torch")
@@ -65,6 +65,37 @@ def test_chunk_split_covers_the_row_once(vectors, threads, vecs):
     assert inside == list(range(vectors))  # every vector exactly once
     assert s.exact == (len(covered) == vectors)
     assert s.rows_per_block == 1 or s.col_blocks == 1
+
+
+def _coords_of(grid, col_blocks, chunks_in_x):
+    """Every (row block, chunk) of a launch of `grid`, in the order the blocks start (x
+    fastest), decoded as device_utils.chunk_coords decodes a block index."""
+    gx, gy, gz = grid
+    blocks = [(x, y, z) for z in range(gz) for y in range(gy) for x in range(gx)]
+    if not chunks_in_x or col_blocks == 1:
+        return [(x, y) for x, y, z in blocks]
+    return [(z * MAX_GRID_Y + y, x) for x, y, z in blocks]
+
+
+@pytest.mark.parametrize("row_blocks", [1, 2, 7, 4096, MAX_GRID_Y - 1, MAX_GRID_Y, MAX_GRID_Y + 1,
+                                        3 * MAX_GRID_Y + 5])
+@pytest.mark.parametrize("col_blocks", [1, 2, 7, 14])
+def test_chunk_grid_in_address_order_covers_each_chunk_once(row_blocks, col_blocks):
+    """With chunks_in_x, the chunks of one row start one after another and the rows follow
+    in order (grid y, then z past CUDA's 65535 limit on y and z); the last z slab may run past
+    the rows (the kernels skip rows >= tokens), but each chunk below `row_blocks` appears
+    once. Without it, the rows are in x and the chunks in y, as before."""
+    want = [(r, x) for r in range(row_blocks) for x in range(col_blocks)]
+    grid = chunk_grid(row_blocks, col_blocks, chunks_in_x=True)
+    assert grid[0] <= 2**31 - 1 and grid[1] <= MAX_GRID_Y and grid[2] <= MAX_GRID_Y
+    covered = _coords_of(grid, col_blocks, True)
+    assert [c for c in covered if c[0] < row_blocks] == want
+    assert len(covered) - len(want) < MAX_GRID_Y * col_blocks  # one partial z slab at most
+    if col_blocks > 1:
+        assert grid[0] == col_blocks
+    rows_in_x = chunk_grid(row_blocks, col_blocks, chunks_in_x=False)
+    assert rows_in_x == (row_blocks, col_blocks, 1)
+    assert sorted(_coords_of(rows_in_x, col_blocks, False)) == want
 
 
 def test_chunk_split_prefers_exact_splits():
@@ -161,9 +192,16 @@ def test_plan_grids_cover_every_token(family, width, arch):
             (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count, force)
             v = variants[launch.variant]
             assert force is None or launch.variant == force
-            gx, gy, gz = launch.grid
-            assert gx * v.constants["rows_per_block"] >= tokens > (gx - 1) * v.constants["rows_per_block"]
-            assert (gy, gz) == (v.constants["col_blocks"], 1)
+            k = v.constants
+            assert launch.grid == chunk_grid(-(-tokens // k["rows_per_block"]), k["col_blocks"],
+                                             k["chunks_in_x"])
+            # act_and_mul streams in address order (measured faster); the quantizers keep the
+            # rows in x, where their column-major scales were measured faster (chunk_grid)
+            assert k["chunks_in_x"] == (family == "act_and_mul")
+            if k["col_blocks"] > 1 and family == "act_and_mul":
+                assert launch.grid[:2] == (k["col_blocks"], tokens)
+            else:
+                assert launch.grid == (-(-tokens // k["rows_per_block"]), k["col_blocks"], 1)
             if force is None:
                 chosen.append(launch.variant)
     if family in ("act_and_mul", "act_and_mul_fp8_quant"):

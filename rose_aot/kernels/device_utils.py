@@ -8,11 +8,14 @@ import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 
+from .chunked_rows import MAX_GRID_Y
+
 __all__ = [
     "CUTLASS_DTYPES",
     "cutlass_dtype",
     "SharedMemory",
     "pdl_prologue",
+    "chunk_coords",
     "butterfly_sum",
     "grid_barrier",
     "block_exclusive_sum",
@@ -84,6 +87,17 @@ def pdl_prologue(enabled: bool) -> None:
     if enabled:
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
+
+
+def chunk_coords(col_blocks: int, chunks_in_x: bool):
+    """(row block, chunk) of this block in a chunked-row launch: the inverse of
+    chunked_rows.chunk_grid for the variant's constants. Call during tracing."""
+    bidx, bidy, bidz = cute.arch.block_idx()
+    if not chunks_in_x or col_blocks == 1:
+        # bidy, not a literal 0, for whole-row blocks: a constant changed ptxas's schedule of
+        # act_and_mul's prefill shape (its second loads sank below the math, 9% slower)
+        return bidx, bidy
+    return bidz * MAX_GRID_Y + bidy, bidx
 
 
 @cute.jit

@@ -28,7 +28,10 @@ __all__ = ["RECORD_VERSION", "ParamRecord", "VariantRecord", "PointRecord"]
 # order, and a variant's resources are a list in entry order. Written per variant, parameters
 # and resources keyed by entry name were a third of a DeepSeek-V3 bundle's index, which a
 # serving process parses at every start.
-RECORD_VERSION = 3
+# 4: the chunked-row families' variants record `chunks_in_x`, the order of their grid
+# (chunked_rows.chunk_grid); a loader that ignored it would launch act_and_mul's cubins with
+# rows and chunks swapped, so version-3 loaders and bundles are refused instead.
+RECORD_VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,44 @@ def test_every_point_against_reference(bundle, tokens):
                     f"{family.key(config)} T={tokens} {variant or 'auto'}")
 
 
+def test_decode_shape_past_65535_row_blocks(bundle):
+    """A decode shape with its chunks in grid x (act_and_mul) puts the rows in grid y, then in
+    z once y's 65535 runs out (chunked_rows.chunk_grid); its blocks read their row back from
+    y and z (device_utils.chunk_coords). The narrowest such point of each family, decode
+    forced, at more rows than y holds."""
+    import torch
+
+    from rose_aot.kernels.chunked_rows import MAX_GRID_Y
+
+    tokens = MAX_GRID_Y + 77
+    arch = bundle.arch_for_device(torch.cuda.current_device())
+    narrowest = {}
+    for p in bundle.index["points"]:
+        decode = {v["name"]: v for v in p["variants"]}.get("decode")
+        # a row of one chunk (d 768: 96 vectors) is a whole-row block, rows in grid x
+        if (p["arch"] != arch or p["family"] not in FAMILIES or decode is None
+                or not decode["constants"].get("chunks_in_x")
+                or decode["constants"]["col_blocks"] == 1):
+            continue
+        width = p["config"].get("d", p["config"].get("hidden"))
+        if p["family"] not in narrowest or width < narrowest[p["family"]][0]:
+            narrowest[p["family"]] = (width, p["config"])
+    assert "act_and_mul" in narrowest, "the bundle has no act_and_mul point for this GPU's arch"
+    for i, (family_name, (_, values)) in enumerate(sorted(narrowest.items())):
+        family = get_family(family_name)
+        config = family.make_config(**values)
+        handle = bundle.kernel(family_name, **values)
+        args, want, views = make_case(family_name, config, tokens, seed=77 + i)
+        (launch,) = handle.plan(*args, variant="decode")
+        assert launch.grid[2] == 2, launch  # the rows reach grid z
+        poison(family_name, views)
+        handle(*args, variant="decode")
+        torch.cuda.synchronize()
+        compare(family_name, config, want, views, f"{family.key(config)} T={tokens} decode")
+        del args, want, views
+        torch.cuda.empty_cache()
+
+
 def test_fp8_non_finite_inputs_follow_the_documented_policy(bundle):
     """NaN ignored by the absmax and quantized to NaN; inf: scale inf, code NaN, others +-0."""
     import torch

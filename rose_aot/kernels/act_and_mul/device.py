@@ -10,7 +10,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
-from ..device_utils import pdl_prologue, pure_asm
+from ..device_utils import chunk_coords, pdl_prologue, pure_asm
 from ..spec import Variant
 
 __all__ = ["host_function", "activate", "load_chunk", "store_chunk"]
@@ -101,9 +101,9 @@ def host_function(config, variant: Variant, arch: Arch):
         # mX: [tokens, 2d], mO: [tokens, d]; both with a dynamic row stride
         pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
-        row = bidx * rows + tidx // row_threads
-        first = bidy * chunk + tidx % row_threads
+        row_block, col = chunk_coords(k["col_blocks"], k["chunks_in_x"])
+        row = row_block * rows + tidx // row_threads
+        first = col * chunk + tidx % row_threads
         valid = row < mX.shape[0]
 
         gX = cute.zipped_divide(mX[row, None], (vec,))  # ((vec), (2 * vectors))

@@ -6,8 +6,20 @@ benchmarks/results/act_quant-act_and_mul-h200.md): the decode shape (one vector 
 width 2048-14336 and token count 1-32768, by about 1.9x from 8192 tokens on (silu, d 2048,
 32768 tokens: 100.3 vs 182.9 µs; the decode shape reaches 94% of the copy bandwidth). So
 act_and_mul plans decode at every size. (A later run with the current prefill shape, one H200,
-2026-12-01, benchmarks/results/act_quant-act_and_mul-h200.md: level at 8192 tokens, prefill 1-3.5%
-faster at 32768 (silu 2048: 93.49 vs 96.17 µs); not re-swept, the plan stays.)
+2026-12-01: level at 8192 tokens, prefill 1-3.5% faster at 32768 (silu 2048: 93.49 vs 96.17
+µs); with the grid order below, decode is level or faster everywhere again (7168 x 32768:
+322.1 vs 331.8 µs; benchmarks/results/act_quant-act_and_mul-h200.md).)
+
+Grid order (chunked_rows.chunk_grid, `chunks_in_x`): act_and_mul's grid is (chunks, rows), so
+consecutive blocks stream through memory in address order; with (rows, chunks) they read the
+same chunk of consecutive rows, a row stride apart. Both orders built from one tree and
+alternated twice in one call (one H200, 2026-12-01, benchmarks/results/
+act-grid-order-experiment-h200.md): 2.4% faster at 2048 x 32768, 3.3-4.5% at 7168-14336 from
+8192 tokens (7168 x 32768: 334.5 -> 320.9 µs, torch.compile's flat kernel 321.7), level at
+1-1024 tokens. Two vectors per thread on top lost at 1-1024 tokens and won nothing beyond.
+The quantizers keep (rows, chunks): fp8_group_quant's column-major scales were 2-3.5% slower
+in the new order at 64-128 tokens (7168 x 128: 2.10 -> 2.17 µs), act_and_mul_fp8_quant level
+to 0.6% slower at 1024-8192 tokens, the block-scaled formats level within the noise.
 
 `bulk` (act_and_mul and act_and_mul_fp8_quant; chunked_rows.bulk_variant): the decode shape
 without the programmatic-dependent-launch prologue, which the plan takes once the decode-shaped

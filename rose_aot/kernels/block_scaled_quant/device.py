@@ -10,7 +10,7 @@ from cutlass import Float32, Int32, Uint8, Uint32, const_expr
 from ...archs import Arch
 from ..act_and_mul.device import load_chunk, store_chunk
 from ..fp8_group_quant.device import butterfly_max
-from ..device_utils import pdl_prologue, pure_asm, quotient
+from ..device_utils import chunk_coords, pdl_prologue, pure_asm, quotient
 from ..spec import Variant
 
 __all__ = ["host_function", "E2M1_WORD_PTX", "MX_E2M1_WORD_PTX", "ABSMAX_BF16X2_STEP_PTX",
@@ -214,9 +214,9 @@ def host_function(config, variant: Variant, arch: Arch):
         # mX: [tokens, hidden]; mG: [1] fp32 (nvfp4); mQ: [tokens, hidden or hidden/2] bytes;
         # mS: scales, [tokens, groups] or swizzled [rows_padded, groups_padded]
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
-        row = bidx * rows + tidx // row_threads
-        first = bidy * chunk + tidx % row_threads
+        row_block, col = chunk_coords(kc["col_blocks"], kc["chunks_in_x"])
+        row = row_block * rows + tidx // row_threads
+        first = col * chunk + tidx % row_threads
         valid = row < mX.shape[0]
 
         gX = cute.zipped_divide(mX[row, None], (vec,))

@@ -11,7 +11,7 @@ from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
 from ..act_and_mul.device import activate, load_chunk, store_chunk
-from ..device_utils import pdl_prologue, quotient, quotient_factors
+from ..device_utils import chunk_coords, pdl_prologue, quotient, quotient_factors
 from ..spec import Variant
 from .family import FP8_MAX
 
@@ -96,9 +96,9 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
         # width] e4m3; mS: [tokens, width/group] fp32 in the config's scale layout
         pdl_prologue(pdl)
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
-        row = bidx * rows + tidx // row_threads
-        first = bidy * chunk + tidx % row_threads
+        row_block, col = chunk_coords(k["col_blocks"], k["chunks_in_x"])
+        row = row_block * rows + tidx // row_threads
+        first = col * chunk + tidx % row_threads
         valid = row < mX.shape[0]
 
         gX = cute.zipped_divide(mX[row, None], (vec,))
