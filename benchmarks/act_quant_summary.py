@@ -15,7 +15,7 @@ from common import summary_table
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="act_quant-*.json files from bench_act_quant.py")
     args = parser.parse_args()
     for path in args.results:

@@ -46,6 +46,29 @@ PEERS = True  # --no-peers: time rose-aot only
 CHECK_ROWS = 64  # rows compared with the float64 reference (a CPU reference of all is too slow)
 FAMILIES = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_scaled_quant",  # + nvfp4_quant
             "fp8_token_quant", "fp8_tensor_quant")
+# The bundle families each --family option looks up, and the config field --widths sets.
+WIDTH_FIELDS = {
+    "act_and_mul": (("act_and_mul", "d"),),
+    "fp8_group_quant": (("fp8_group_quant", "hidden"),),
+    "act_and_mul_fp8_quant": (("act_and_mul_fp8_quant", "d"),),
+    "block_scaled_quant": (("block_scaled_quant", "hidden"), ("nvfp4_quant", "hidden")),
+    "fp8_token_quant": (("fp8_token_quant", "hidden"),),
+    "fp8_tensor_quant": (("fp8_tensor_quant", "hidden"),),
+}
+
+
+def missing_widths(index: dict, families, widths) -> list[str]:
+    """One line per (bundle family, width) of the request that the bundle index has no point
+    for, naming the widths it has: checked before any GPU work, so a typo costs no device time."""
+    lines = []
+    for option in families:
+        for family, field in WIDTH_FIELDS[option]:
+            have = sorted({p["config"][field] for p in index["points"] if p["family"] == family})
+            lack = [w for w in widths if w not in have]
+            if lack:
+                lines.append(f"the bundle has no {family} point of {field} {lack} "
+                             f"(it has {have or 'none'})")
+    return lines
 
 
 # ----------------------------------------------------------------------------- torch peers
@@ -401,13 +424,17 @@ def main() -> None:
     import torch
 
     from rose_aot import open_bundle
+    from rose_aot.errors import RoseAotError
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bundle")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle", help="a bundle with benchmarks/manifests/act_quant.toml's points")
     parser.add_argument("--family", type=_families, default="all",
                         help=f"one of {', '.join(FAMILIES)}, several joined by commas, or all")
-    parser.add_argument("--tokens", type=int_list, default=TOKENS)
-    parser.add_argument("--widths", type=int_list, default=WIDTHS)
+    parser.add_argument("--tokens", type=int_list, default=TOKENS,
+                        help=f"token counts, comma-separated (default {','.join(map(str, TOKENS))})")
+    parser.add_argument("--widths", type=int_list, default=WIDTHS,
+                        help="hidden sizes / d, comma-separated; each must be in the bundle "
+                             f"(default {','.join(map(str, WIDTHS))})")
     parser.add_argument("--no-peers", action="store_true",
                         help="time rose-aot only (its plan and each variant forced)")
     parser.add_argument("--label", type=_label,
@@ -416,6 +443,13 @@ def main() -> None:
     tokens, widths = args.tokens, args.widths
     families = FAMILIES if args.family == "all" else args.family.split(",")
     name = args.label or args.family
+    try:
+        bundle = open_bundle(args.bundle)
+    except RoseAotError as exc:
+        parser.error(str(exc))
+    missing = missing_widths(bundle.index, families, widths)
+    if missing:
+        parser.error("; ".join(missing))
     if not torch.cuda.is_available():
         sys.exit("bench_act_quant.py needs a CUDA GPU")
     global PEERS
@@ -426,7 +460,6 @@ def main() -> None:
     env = environment()
     copy_tbs = copy_bandwidth_tbs()
     print(f"{env} copy {copy_tbs:.3f} TB/s", flush=True)
-    bundle = open_bundle(args.bundle)
     bundle.preload()
     rows = []
     if "act_and_mul" in families:

@@ -71,7 +71,7 @@ def main() -> None:
 
     from rose_aot import open_bundle
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("--tokens", type=int_list, default=TOKENS)
     parser.add_argument("--hidden", type=int_list, default=None,

@@ -168,7 +168,7 @@ def nvlink_bytes(ids, rank, L, row_bytes) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--out", default=os.environ.get("OUT", os.path.join(HERE, "results")))

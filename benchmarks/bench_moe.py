@@ -131,7 +131,7 @@ def main() -> None:
 
     from rose_aot import open_bundle
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("--combine-sweep", action="store_true",
                         help="only the combine comparison at decode sizes (top-2/4/8)")

@@ -133,7 +133,7 @@ def bus_gbs(nbytes: int, us: float, world: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("--quick", action="store_true", help="a few sizes only (smoke run)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the block-count sweep")

@@ -179,7 +179,7 @@ def main() -> None:
 
     from rose_aot import open_bundle
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("--family", choices=["qk_norm", "rms_norm", "all"], default="all")
     parser.add_argument("--tokens", type=int_list, default=TOKENS)

@@ -261,7 +261,7 @@ def measure(bundle, launches: int = 20000, repeats: int = 5) -> dict:
 def main() -> None:
     from rose_aot import open_bundle
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("--launches", type=int, default=20000)
     args = parser.parse_args()

@@ -31,7 +31,7 @@ def _positive(text: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("family")
     parser.add_argument("tokens", type=_positive)

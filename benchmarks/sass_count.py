@@ -158,7 +158,7 @@ def count_point(family_name: str, values: dict, arch: str, dump: Path | None = N
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("family", help="kernel family, e.g. nvfp4_quant")
     parser.add_argument("config", nargs="*", metavar="key=value",
                         help="the point's config fields, e.g. hidden=7168 format=mxfp4")

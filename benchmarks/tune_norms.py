@@ -44,7 +44,7 @@ def _inputs(family, point, tokens):
 def main() -> None:
     from rose_aot import open_bundle
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     args = parser.parse_args()
     bundle = open_bundle(args.bundle)

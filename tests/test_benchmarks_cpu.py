@@ -311,6 +311,27 @@ def test_bench_dispatch_fp8_refuses_bad_options_before_any_gpu_work(args, messag
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--family", "act_and_mul", "--widths", "1234"], "no act_and_mul point of d [1234] (it has ["),
+    (["--family", "block_scaled_quant", "--widths", "999"],
+     "no block_scaled_quant point of hidden [999]"),
+    (["--label", "a/b"], "names act_quant-LABEL"),
+])
+def test_bench_act_quant_refuses_points_the_bundle_lacks_before_any_gpu_work(
+        args, message, shipped_bundle_path):
+    """A width the bundle has no point for is refused with the widths it has (exit 2, one
+    argparse line), before torch looks for a GPU: not a KeyError minutes into a GPU run."""
+    import subprocess
+
+    script = os.path.join(ROOT, "benchmarks", "bench_act_quant.py")
+    for bundle in (str(shipped_bundle_path), "no-such.rosebundle"):
+        run = subprocess.run([sys.executable, script, bundle, *args], capture_output=True,
+                             text=True, timeout=120)
+        want = message if bundle != "no-such.rosebundle" or "LABEL" in message else "no such bundle"
+        assert run.returncode == 2 and want in run.stderr and "Traceback" not in run.stderr, (
+            run.stderr[-500:])
+
+
 def test_preload_probe_breakdown_times_functions_the_loader_has():
     """Each phase of preload_probe.py's breakdown names a function of rose_aot that open and
     preload call (a rename would otherwise surface only in a device call)."""
