@@ -149,6 +149,45 @@ def host_function(config, variant: Variant, arch: Arch):
             move_vectors(mX, tXrX, base, step, total, reverse, True)
             store_quantized(tXrX, mQ, divisor, recip, base, step, total, reverse)
 
+    @cute.jit
+    def one_launch(mX, mQ, mScale, mWords, first, step):
+        """The single and decode variants: absmax, scale and quantized x in one launch; the
+        decode grid joins its blocks' maxima in grid_absmax. The plan's sizes (at most UNROLL
+        vectors per thread) stay in registers from the load to the store, so x is read once;
+        a forced launch on a larger tensor loops and reads it twice (L2 at most)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
+        sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
+        total = mX.shape[0] * V
+        if total <= step * UNROLL:
+            tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
+            move_vectors(mX, tXrX, first, step, total, False, True)
+            amax = segment_max(absmax_of(tXrX), sWarp, threads)
+            if const_expr(phase == "decode"):
+                amax = grid_absmax(amax, mWords, sWarp)
+            scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
+            write_scale(mScale, scale, tidx)
+            divisor, recip = quotient_factors(scale)
+            store_quantized(tXrX, mQ, divisor, recip, first, step, total, False)
+        else:
+            amax = block_absmax(mX, sWarp, first, step)
+            if const_expr(phase == "decode"):
+                amax = grid_absmax(amax, mWords, sWarp)
+            scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
+            write_scale(mScale, scale, tidx)
+            quantize(mX, mQ, scale, first, step, False)
+
+    @cute.jit
+    def write_scale(mScale, scale, tidx):
+        """One thread of the launch writes the scale (every thread holds it)."""
+        if const_expr(phase == "single"):
+            if tidx == 0:
+                mScale[0] = scale
+        else:
+            bidx, _, _ = cute.arch.block_idx()
+            if bidx == 0 and tidx == 0:
+                mScale[0] = scale
+
     @cute.kernel
     def fp8_tensor_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mScale: cute.Tensor,
                                 mWords: cute.Tensor):
@@ -163,48 +202,9 @@ def host_function(config, variant: Variant, arch: Arch):
         if const_expr(phase == "single"):
             # One block holds the whole tensor: every thread has the absmax after the block
             # reduction, so the scale stays in registers (no atomics, no barrier, no workspace).
-            # The plan's sizes (at most UNROLL vectors per thread) stay in registers from the
-            # load to the store; a forced launch on a larger tensor loops and reads it twice.
-            alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
-            sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
-            total = mX.shape[0] * V
-            if total <= threads * UNROLL:
-                tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
-                move_vectors(mX, tXrX, tidx, threads, total, False, True)
-                amax = segment_max(absmax_of(tXrX), sWarp, threads)
-                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
-                if tidx == 0:
-                    mScale[0] = scale
-                divisor, recip = quotient_factors(scale)
-                store_quantized(tXrX, mQ, divisor, recip, tidx, threads, total, False)
-            else:
-                amax = block_absmax(mX, sWarp, tidx, threads)
-                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
-                if tidx == 0:
-                    mScale[0] = scale
-                quantize(mX, mQ, scale, tidx, threads, False)
+            one_launch(mX, mQ, mScale, mWords, tidx, threads)
         elif const_expr(phase == "decode"):
-            alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
-            sWarp = alloc.tensor(Float32, threads // 32, byte_alignment=4)
-            total = mX.shape[0] * V
-            if total <= step * UNROLL:
-                # The plan's sizes: each thread's vectors stay in registers from the load to
-                # the store, so x is read once.
-                tXrX = cute.make_rmem_tensor((vec, UNROLL), mX.element_type)
-                move_vectors(mX, tXrX, first, step, total, False, True)
-                amax = grid_absmax(segment_max(absmax_of(tXrX), sWarp, threads), mWords, sWarp)
-                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
-                if bidx == 0 and tidx == 0:
-                    mScale[0] = scale
-                divisor, recip = quotient_factors(scale)
-                store_quantized(tXrX, mQ, divisor, recip, first, step, total, False)
-            else:
-                # Forced on a tensor larger than the grid holds: read it twice (L2 at most).
-                amax = grid_absmax(block_absmax(mX, sWarp, first, step), mWords, sWarp)
-                scale = cute.arch.fmax(amax, Float32(eps)) / Float32(FP8_MAX)
-                if bidx == 0 and tidx == 0:
-                    mScale[0] = scale
-                quantize(mX, mQ, scale, first, step, False)
+            one_launch(mX, mQ, mScale, mWords, first, step)
         else:
             if const_expr(phase == "absmax"):
                 alloc = SharedMemory(smem_bytes, f"fp8_tensor_quant {variant.name}")
