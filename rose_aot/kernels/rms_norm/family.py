@@ -5,9 +5,11 @@ writes r back into ``residual`` and normalizes r: the usual pre-norm "add & norm
 layer in one pass over memory.
 
 Work split: a row is handled by a group of whole warps, each thread holding a few vectors of
-the row in registers (one pass over global memory; statistics in fp32). The sum of squares is a
-warp butterfly, then, for rows spread over several warps, one exchange through shared memory.
+the row in registers (one pass over DRAM; statistics in fp32). The sum of squares is a warp
+butterfly, then, for rows spread over several warps, one exchange through shared memory.
 Vectors are the arch's widest access the row allows (128-bit on sm_90a, 256-bit on sm_100a).
+Loads carry torch.compile's cache policy (L1 and L2 evict_last on a first read, evict_first on
+the prefill variant's second read of x, from L1): 3-4% faster at 32768 tokens on the H200.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ __all__ = ["RmsNormConfig", "RmsNorm"]
 
 _FLOATS = ("bfloat16", "float16", "float32")
 MAX_HIDDEN = 16384
-# Vectors per thread. Decode spreads a row over many threads so that the per-thread dependency
-# chain (square, sum, scale) is short: at one token the kernel is pure latency. Prefill keeps
-# more of the row per thread (8 x 16 B = 32 fp32 values in registers) so that a block covers
-# several rows and the grid stays a few waves deep. Counted in 128-bit units, so a 256-bit
-# arch holds the same bytes per thread.
+# Vectors per thread, counted in 128-bit units (a 256-bit arch holds the same bytes per
+# thread). A row is spread over many threads so that the per-thread dependency chain (square,
+# sum, scale) is short and the block's registers few: at one token the kernel is pure latency,
+# and at 32768 tokens 2 vectors per thread (16 warps for hidden 8192) with the cache hints and
+# the second read of x were fastest on the H200; 4 and 8 per thread (the earlier prefill
+# shape) were up to 4% slower at hidden 6144-8192
+# (benchmarks/results/norm-cache-hints-experiment-h200.md). So both variants have this
+# shape; they differ in PDL (decode) and in reading x twice (prefill, `reload_x`).
 DECODE_BYTES_PER_THREAD = 2 * 16
-PREFILL_BYTES_PER_THREAD = 8 * 16
+PREFILL_BYTES_PER_THREAD = 2 * 16
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ class RmsNorm(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows, pdl=0):
+        def variant(name, warps, per_thread, rows, pdl=0, reload_x=0):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
             constants = {
@@ -119,6 +124,7 @@ class RmsNorm(KernelFamily):
                 "vec": vec,
                 "decode_row_warps": tuning.DECODE_ROW_WARPS,
                 "decode_warps_per_sm": tuning.DECODE_WARPS_PER_SM,
+                "reload_x": reload_x,
             }
             return Variant(name, (threads, 1, 1), smem, params, constants, pdl=pdl)
 
@@ -131,7 +137,12 @@ class RmsNorm(KernelFamily):
         decode = variant("decode", warps, per_thread, 1, pdl=PDL_MAX_THREADS if warps >= 4 else 0)
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
-        prefill = variant("prefill", warps, per_thread, max(1, block_warps // warps))
+        # Prefill reads x a second time after the row's sum (from L1) rather than keeping it in
+        # registers; not with the fused residual, whose sum it would have to re-read.
+        prefill = variant(
+            "prefill", warps, per_thread, max(1, block_warps // warps),
+            reload_x=int(not c.fused_residual),
+        )
         return (decode, prefill)
 
     def op_suffix(self, c: RmsNormConfig) -> str:
