@@ -201,35 +201,42 @@ def test_qk_norm_ptx_is_vectorized_shuffled_and_register_only(head_dim, arch):
 @pytest.mark.parametrize("arch", ARCH_NAMES)
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("hidden", [4096, 8192])
-def test_rms_norm_loads_carry_the_cache_policy(hidden, fused, arch):
-    """Every global load of rms_norm carries L1 and L2 eviction hints made by createpolicy:
-    evict_last on a first read (x, residual, weight), evict_first on the prefill variant's
-    second read of x (not fused); stores carry none. Full-width accesses, no local memory."""
+def test_rms_norm_prefill_loads_carry_the_cache_policy(hidden, fused, arch):
+    """The prefill variant's global loads carry L1 and L2 eviction hints made by createpolicy:
+    evict_last on a first read (x, residual, weight), evict_first on the second read of x (not
+    fused). The decode variant's loads and every store carry none (hints cost decode latency).
+    Both hold 32 bytes of the row per thread; full-width accesses, no local memory."""
     values = (("hidden", hidden), ("dtype", "bfloat16"), ("fused_residual", fused))
     config, compiled = _compiled("rms_norm", values, arch)
     variants = {v.name: v for v in get_family("rms_norm").variants(config, get_arch(arch))}
+    assert set(variants) == set(compiled.artifacts) == {"decode", "prefill"}
     bits = 256 if arch == "sm_100a" else 128
     for name, (ptx, _cubin) in compiled.artifacts.items():
         v = variants[name]
         where = f"hidden={hidden} fused={fused} {arch} {name}"
         per_thread = v.constants["vecs_per_thread"]
-        assert per_thread * bits == 2 * 128, where  # 32 bytes of the row per thread, both variants
+        assert per_thread * bits == 2 * 128, where
         accesses = _GLOBAL_ACCESS.findall(ptx)
         assert len(accesses) == len(re.findall(r"\b(?:ld|st)\.global\b", ptx)), "unparsed access"
         loads = [a for a in accesses if a.startswith("ld.")]
         stores = [a for a in accesses if a.startswith("st.")]
         assert all(access_bits(a) == bits for a in accesses), f"{where}: {sorted(set(accesses))}"
+        streams = 2 if fused else 1  # x (and the residual), each read once, stored once
+        assert len(stores) == streams * per_thread and all("::" not in a for a in stores), where
+        prefill = name == "prefill"
+        reload = prefill and not fused
+        assert (v.constants["cache_hints"], v.constants["reload_x"]) == (int(prefill), int(reload))
         first = [a for a in loads if a.startswith("ld.global.L1::evict_last.L2::cache_hint.")]
         last = [a for a in loads if a.startswith("ld.global.L1::evict_first.L2::cache_hint.")]
-        assert len(first) + len(last) == len(loads), f"{where}: unhinted loads {loads}"
-        streams = 2 if fused else 1  # x (and the residual), each read once
-        assert len(first) == (streams + 1) * per_thread, where  # + the weight
-        reload = name == "prefill" and not fused
-        assert v.constants["reload_x"] == int(reload)
-        assert len(last) == (per_thread if reload else 0), where
-        assert len(stores) == (streams * per_thread) and all("::" not in a for a in stores)
-        assert "createpolicy.fractional.L2::evict_last.b64" in ptx
-        assert ("createpolicy.fractional.L2::evict_first.b64" in ptx) == reload
+        plain = [a for a in loads if "::" not in a]
+        reads = (streams + 1) * per_thread  # + the weight
+        if prefill:
+            assert (len(first), len(last), len(plain)) == (reads, per_thread * reload, 0), where
+            assert "createpolicy.fractional.L2::evict_last.b64" in ptx
+            assert ("createpolicy.fractional.L2::evict_first.b64" in ptx) == reload
+        else:
+            assert (len(first), len(last), len(plain)) == (0, 0, reads), where
+            assert "createpolicy" not in ptx, where
         assert not re.search(r"\.local\b", ptx), f"{where}: local memory"
 
 

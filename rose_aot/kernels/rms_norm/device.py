@@ -36,9 +36,17 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
     dtype = cutlass_dtype(config.dtype)
     access_bits = vec * dtype.width  # the family's access width (vec counts input elements)
     reload_x = bool(variant.constants["reload_x"])
+    cache_hints = bool(variant.constants["cache_hints"])
     block = list(variant.block)
     smem_bytes = variant.smem
     pdl = variant.pdl
+
+    @cute.jit
+    def load_vector(src: cute.Tensor, dst: cute.Tensor, last_use: cutlass.Constexpr):
+        if const_expr(cache_hints):
+            load_vector_hinted(src, dst, access_bits, last_use)
+        else:
+            cute.autovec_copy(src, dst)
 
     @cute.jit
     def load_row(mRow: cute.Tensor, rDst: cute.Tensor, t: Int32, valid, last_use: cutlass.Constexpr):
@@ -47,10 +55,10 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
             idx = t + i * row_threads
             if const_expr(exact):
                 if valid:
-                    load_vector_hinted(gRow[(None, idx)], rDst[None, i], access_bits, last_use)
+                    load_vector(gRow[(None, idx)], rDst[None, i], last_use)
             else:
                 if valid and idx < vectors:
-                    load_vector_hinted(gRow[(None, idx)], rDst[None, i], access_bits, last_use)
+                    load_vector(gRow[(None, idx)], rDst[None, i], last_use)
 
     @cute.jit
     def store_row(rSrc: cute.Tensor, mRow: cute.Tensor, t: Int32, valid):

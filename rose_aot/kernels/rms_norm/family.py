@@ -8,8 +8,8 @@ Work split: a row is handled by a group of whole warps, each thread holding a fe
 the row in registers (one pass over DRAM; statistics in fp32). The sum of squares is a warp
 butterfly, then, for rows spread over several warps, one exchange through shared memory.
 Vectors are the arch's widest access the row allows (128-bit on sm_90a, 256-bit on sm_100a).
-Loads carry torch.compile's cache policy (L1 and L2 evict_last on a first read, evict_first on
-the prefill variant's second read of x, from L1): 3-4% faster at 32768 tokens on the H200.
+The prefill variant's loads carry torch.compile's cache policy (L1 and L2 evict_last on a first
+read, evict_first on its second read of x, from L1): 3-4% faster at 32768 tokens on the H200.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ MAX_HIDDEN = 16384
 # the second read of x were fastest on the H200; 4 and 8 per thread (the earlier prefill
 # shape) were up to 4% slower at hidden 6144-8192
 # (benchmarks/results/norm-cache-hints-experiment-h200.md). So both variants have this
-# shape; they differ in PDL (decode) and in reading x twice (prefill, `reload_x`).
+# shape; they differ in PDL (decode), and in cache hints and reading x twice (prefill).
 DECODE_BYTES_PER_THREAD = 2 * 16
 PREFILL_BYTES_PER_THREAD = 2 * 16
 
@@ -114,7 +114,7 @@ class RmsNorm(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows, pdl=0, reload_x=0):
+        def variant(name, warps, per_thread, rows, pdl=0, reload_x=0, cache_hints=0):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
             constants = {
@@ -125,6 +125,7 @@ class RmsNorm(KernelFamily):
                 "decode_row_warps": tuning.DECODE_ROW_WARPS,
                 "decode_warps_per_sm": tuning.DECODE_WARPS_PER_SM,
                 "reload_x": reload_x,
+                "cache_hints": cache_hints,
             }
             return Variant(name, (threads, 1, 1), smem, params, constants, pdl=pdl)
 
@@ -137,11 +138,14 @@ class RmsNorm(KernelFamily):
         decode = variant("decode", warps, per_thread, 1, pdl=PDL_MAX_THREADS if warps >= 4 else 0)
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
-        # Prefill reads x a second time after the row's sum (from L1) rather than keeping it in
-        # registers; not with the fused residual, whose sum it would have to re-read.
+        # Prefill loads with cache hints and reads x a second time after the row's sum (from
+        # L1) rather than keeping it in registers; not with the fused residual, whose sum it
+        # would have to re-read. Decode loads without hints: the hints (and the createpolicy
+        # each needs) cost the latency-bound decode launches 1-5% at 1-128 tokens
+        # (benchmarks/results/norm-cache-hints-experiment-h200.md).
         prefill = variant(
             "prefill", warps, per_thread, max(1, block_warps // warps),
-            reload_x=int(not c.fused_residual),
+            reload_x=int(not c.fused_residual), cache_hints=1,
         )
         return (decode, prefill)
 
