@@ -332,6 +332,28 @@ def test_bench_act_quant_refuses_points_the_bundle_lacks_before_any_gpu_work(
             run.stderr[-500:])
 
 
+@pytest.mark.parametrize("args, message", [
+    (["base"], "write LABEL=BUNDLE"),
+    (["=x.rosebundle"], "write LABEL=BUNDLE"),
+    (["a=no-such.rosebundle"], "no such bundle file"),
+    (["a=SHIPPED", "a=SHIPPED"], "labels repeat"),
+    (["a=SHIPPED", "--rounds", "0"], "--rounds must be at least 1"),
+    (["a=SHIPPED", "--hidden", "1234", "--fused", "1"],
+     "no rms_norm point of (hidden, fused_residual) (1234, True); it has ["),
+    (["a=README.md"], "not a readable bundle"),
+])
+def test_ab_norms_refuses_bad_bundles_before_any_gpu_work(args, message, shipped_bundle_path):
+    """Exit 2 with one argparse line, before torch looks for a GPU (this machine has none)."""
+    import subprocess
+
+    args = [a.replace("SHIPPED", str(shipped_bundle_path)).replace(
+        "README.md", os.path.join(ROOT, "README.md")) for a in args]
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_norms.py"), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, (
+        run.stderr[-500:])
+
+
 def test_preload_probe_breakdown_times_functions_the_loader_has():
     """Each phase of preload_probe.py's breakdown names a function of rose_aot that open and
     preload call (a rename would otherwise surface only in a device call)."""

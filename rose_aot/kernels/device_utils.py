@@ -261,12 +261,11 @@ def pure_asm(result_type, operands, text: str, constraints: str):
     )
 
 
-
 def l2_policy(priority: str) -> Int64:
     """An L2 cache policy (createpolicy.fractional, every line) for `.L2::cache_hint` accesses:
     "evict_last" or "evict_first". Made on the device, so the encoding is the arch's own."""
-    return Int64(pure_asm(Int64.mlir_type, [], f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;",
-                          "=l"))
+    text = f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;"
+    return Int64(pure_asm(Int64.mlir_type, [], text, "=l"))
 
 
 @cute.jit
@@ -277,7 +276,8 @@ def load_vector_hinted(src: cute.Tensor, dst: cute.Tensor, access_bits: cutlass.
     (`last_use`). The policy of torch.compile's reductions (Triton eviction_policy); on the
     H200 it made rms_norm 3-4% faster at 32768 tokens than unhinted loads, and evict_first on
     a single read was 5% slower (benchmarks/results/norm-cache-hints-experiment-h200.md).
-    Accesses are at most `access_bits` wide (the arch's widest); a wider vector is split."""
+    Accesses are at most `access_bits` wide (the family's access width); a wider vector (an
+    fp32 weight beside bf16 rows) is split."""
     priority = "evict_first" if last_use else "evict_last"
     l1 = (cute.nvgpu.CacheEvictionPriority.EVICT_FIRST if last_use
           else cute.nvgpu.CacheEvictionPriority.EVICT_LAST)
@@ -288,6 +288,7 @@ def load_vector_hinted(src: cute.Tensor, dst: cute.Tensor, access_bits: cutlass.
     part = bits // width
     cute.copy(atom, cute.logical_divide(src, (part,)), cute.logical_divide(dst, (part,)),
               cache_policy=l2_policy(priority))
+
 
 # PTX of `quotient_factors` and `quotient` ($0 the result), module constants so that the CPU
 # suite runs exactly this text through an interpreter (tests/test_quant_arithmetic_cpu.py).

@@ -18,6 +18,10 @@ PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 # DECODE_ROW_WARPS warps (hidden <= 4096 in bf16: decode was never slower than any prefill
 # shape at any token count, within 1%), or while its grid has at most DECODE_WARPS_PER_SM warps
 # per SM (hidden 7168: prefill wins from 512 tokens, 4.09 vs 4.33 µs).
+# These were measured with the earlier prefill shape (8 vectors per thread, no cache hints);
+# the prefill variant of 2026-12-01 (2 vectors, hints, x read twice) has not been swept: the
+# norms tables of that day show it level with or ahead of torch.compile from 1024 tokens at
+# hidden 5120-8192 except 6144 and 8192 at 1024 tokens (0.93-0.94x; norms-wide-h200.md).
 DECODE_ROW_WARPS = 8
 DECODE_WARPS_PER_SM = 32
 

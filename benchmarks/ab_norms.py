@@ -1,0 +1,130 @@
+"""A/B of rms_norm bundles built from different trees, in one process, against torch.compile.
+
+    python benchmarks/ab_norms.py base=build/exp/base.rosebundle new=build/exp/new.rosebundle \
+        --hidden 6144,7168,8192 --tokens 1024,8192,32768
+
+Each LABEL=BUNDLE is opened by this checkout's loader (bundles are data: a tree's kernel change
+needs only its bundle, built with `rose-aot build` from that tree). Per shape, every bundle's
+output is checked against per-shape torch.compile's (relative error < 2^-6), then timed in
+`--rounds` rounds with the bundles in alternating order (CUDA-graph replay medians, 30 ms each),
+together with torch.compile and the first bundle's decode variant forced. Prints one line per
+shape: the median over rounds of each. The experiments behind rms_norm's cache hints
+(benchmarks/results/norm-cache-hints-experiment-h200.md) are its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import bench_us, compile_per_shape, int_list  # noqa: E402
+
+
+def labelled_bundle(text: str) -> tuple[str, str]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: write LABEL=BUNDLE")
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{path}: no such bundle file")
+    return label, path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundles", nargs="+", type=labelled_bundle, metavar="LABEL=BUNDLE",
+                        help="bundles to compare; each holds rms_norm at every --hidden")
+    parser.add_argument("--hidden", type=int_list, default=[5120, 6144, 7168, 8192],
+                        help="hidden sizes (comma-separated)")
+    parser.add_argument("--tokens", type=int_list, default=[1024, 4096, 8192, 32768],
+                        help="token counts (comma-separated)")
+    parser.add_argument("--rounds", type=int, default=2, help="timing rounds per shape")
+    parser.add_argument("--fused", default="0,1", choices=["0", "1", "0,1"], metavar="0|1|0,1",
+                        help="plain (0), fused residual (1) or both")
+    args = parser.parse_args(argv)
+    labels = [label for label, _ in args.bundles]
+    if len(set(labels)) != len(labels):
+        parser.error(f"labels repeat: {labels}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    fused = {bool(int(f)) for f in args.fused.split(",")}
+    for label, path in args.bundles:
+        lacking = missing_points(path, args.hidden, fused)
+        if lacking:
+            parser.error(f"{label}={path}: {lacking}")
+    return args
+
+
+def missing_points(path: str, hiddens, fused) -> str:
+    """What the bundle lacks of the request ("" if nothing), read from its index on the CPU,
+    so that a missing point costs no device time."""
+    from rose_aot.bundle import BundleReader
+    from rose_aot.errors import RoseAotError
+
+    try:
+        points = BundleReader.open(path).index["points"]
+    except RoseAotError as exc:
+        return f"not a readable bundle ({exc})"
+    have = {(p["config"]["hidden"], p["config"]["fused_residual"]) for p in points
+            if p["family"] == "rms_norm"}
+    lack = sorted((h, f) for h in hiddens for f in fused if (h, f) not in have)
+    if not lack:
+        return ""
+    return ("no rms_norm point of (hidden, fused_residual) "
+            f"{', '.join(f'({h}, {f})' for h, f in lack)}; it has {sorted(have) or 'none'}")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    from bench_norms import EPS, fused_rms_norm_torch, rms_norm_torch
+
+    from rose_aot import open_bundle
+
+    bundles = {}
+    for label, path in args.bundles:
+        bundles[label] = open_bundle(path)
+        bundles[label].preload()
+    compiled = compile_per_shape(rms_norm_torch)
+    compiled_fused = compile_per_shape(fused_rms_norm_torch)
+    for fused in [bool(int(f)) for f in args.fused.split(",")]:
+        for h in args.hidden:
+            handles = {k: b.kernel("rms_norm", hidden=h, eps=EPS, fused_residual=fused)
+                       for k, b in bundles.items()}
+            for t in args.tokens:
+                x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+                r = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+                w = (1 + 0.1 * torch.randn(h, device="cuda")).bfloat16()
+                out = torch.empty_like(x)
+                call = (x, r, w, out) if fused else (x, w, out)
+                ref = torch.empty_like(x)
+                if fused:
+                    compiled_fused(x, r.clone(), w, ref)
+                else:
+                    compiled(x, w, ref)
+                for k, handle in handles.items():
+                    o = torch.full_like(x, float("nan"))
+                    handle(*((x, r.clone(), w, o) if fused else (x, w, o)))
+                    err = ((o.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                    assert err < 2**-6, (k, h, t, err)
+                times = {k: [] for k in ["compile", *handles, "decode"]}
+                peer = compiled_fused if fused else compiled
+                first = next(iter(handles.values()))
+                for rnd in range(args.rounds):
+                    order = list(handles) if rnd % 2 == 0 else list(handles)[::-1]
+                    times["compile"].append(bench_us(lambda: peer(*call), rep_ms=30))
+                    for k in order:
+                        handle = handles[k]
+                        times[k].append(bench_us(lambda: handle(*call), rep_ms=30))
+                    times["decode"].append(
+                        bench_us(lambda: first(*call, variant="decode"), rep_ms=30))
+                line = " ".join(f"{k}={statistics.median(v):8.2f}" for k, v in times.items())
+                print(f"fused={int(fused)} h={h:5d} T={t:6d} {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
