@@ -240,6 +240,23 @@ def test_rms_norm_prefill_loads_carry_the_cache_policy(hidden, fused, arch):
         assert not re.search(r"\.local\b", ptx), f"{where}: local memory"
 
 
+def test_rms_norm_hinted_loads_split_a_wider_weight_vector():
+    """An fp32 weight beside bf16 rows: each 8-element weight vector (256 bits) is loaded as two
+    hinted 128-bit accesses on sm_90a (its rows are only 16-byte aligned), never one wide one."""
+    values = (("hidden", 4096), ("dtype", "bfloat16"), ("weight_dtype", "float32"),
+              ("out_dtype", "float32"))
+    config, compiled = _compiled("rms_norm", values, "sm_90a")
+    (prefill,) = [v for v in get_family("rms_norm").variants(config, get_arch("sm_90a"))
+                  if v.name == "prefill"]
+    per_thread = prefill.constants["vecs_per_thread"]
+    ptx, _cubin = compiled.artifacts["prefill"]
+    loads = [a for a in _GLOBAL_ACCESS.findall(ptx) if a.startswith("ld.")]
+    assert all(access_bits(a) == 128 and "L2::cache_hint" in a for a in loads), loads
+    # x once, x again (evict_first), the weight as two halves per vector
+    assert len(loads) == (1 + 1 + 2) * per_thread
+    assert sum("evict_first" in a for a in loads) == per_thread
+
+
 # ------------------------------------------------------------------------------ shipped bundle
 
 
