@@ -52,10 +52,30 @@ def _inputs(family, values, t):
     return [x, q, s]
 
 
+def missing_points(path: str) -> str:
+    """The experiment's points the bundle lacks ("" if none), read from its index on the CPU."""
+    from rose_aot.bundle import BundleReader
+    from rose_aot.errors import RoseAotError
+
+    try:
+        points = BundleReader.open(path).index["points"]
+    except RoseAotError as exc:
+        return f"not a readable bundle ({exc})"
+    lack = [f"{family}({', '.join(f'{k}={v}' for k, v in values.items())})"
+            for family, values, _ in POINTS
+            if not any(p["family"] == family and all(p["config"].get(k) == v
+                                                     for k, v in values.items()) for p in points)]
+    return f"no point {', '.join(lack)}" if lack else ""
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundles", nargs="+", type=labelled_bundle, metavar="LABEL=BUNDLE")
     args = parser.parse_args(argv)
+    for label, path in args.bundles:
+        lacking = missing_points(path)
+        if lacking:
+            parser.error(f"{label}={path}: {lacking}")
     import torch
 
     from bench_act_quant import act_torch

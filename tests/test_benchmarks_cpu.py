@@ -354,6 +354,19 @@ def test_ab_norms_refuses_bad_bundles_before_any_gpu_work(args, message, shipped
         run.stderr[-500:])
 
 
+def test_ab_act_quant_refuses_bundles_without_the_experiments_points(shipped_bundle_path):
+    import subprocess
+
+    script = os.path.join(ROOT, "benchmarks", "ab_act_quant.py")
+    for args, message in (([f"a={shipped_bundle_path}"], "no point "),
+                          (["a"], "write LABEL=BUNDLE"),
+                          ([f"a={os.path.join(ROOT, 'README.md')}"], "not a readable bundle")):
+        run = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, (
+            run.stderr[-500:])
+
+
 def test_preload_probe_breakdown_times_functions_the_loader_has():
     """Each phase of preload_probe.py's breakdown names a function of rose_aot that open and
     preload call (a rename would otherwise surface only in a device call)."""
