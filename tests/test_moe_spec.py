@@ -324,9 +324,12 @@ def test_combine_plan_splits_rows_below_one_token_per_sm():
     for tokens in (1, 2, 16, 37):
         (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
         assert (launch.variant, launch.grid) == ("split", (tokens * chunks, 1, 1)), tokens
-    for tokens in (38, 64, 132):
+    # beyond it split_block: 4-warp blocks, 7 per token (896 vectors, 128 per block)
+    for tokens in (38, 64, 131):
         (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
-        assert (launch.variant, launch.grid) == ("decode", (tokens, 1, 1)), tokens
+        assert (launch.variant, launch.grid) == ("split_block", (tokens * 7, 1, 1)), tokens
+    (launch,) = _plan(COMBINE, c, a, {"tokens": 132})
+    assert (launch.variant, launch.grid) == ("decode", (132, 1, 1))
     (launch,) = _plan(COMBINE, c, a, {"tokens": 8192})
     assert launch.variant == "prefill"
     assert _plan(COMBINE, c, a, {"tokens": 0}) == ()
@@ -337,20 +340,21 @@ def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid():
     c = COMBINE.make_config(top_k=8, hidden=7168)
     variants = _variants(COMBINE, c, ARCHS["sm_90a"])
     assert COMBINE.plan(c, variants, {"tokens": 37}, 132)[0].variant == "split"  # 1036 blocks
-    assert COMBINE.plan(c, variants, {"tokens": 37}, 78)[0].variant == "decode"  # H20: > 624
+    assert COMBINE.plan(c, variants, {"tokens": 37}, 78)[0].variant == "split_block"  # H20: > 624
     # hidden 16384 bf16: 64 one-warp blocks per token; at most 8 blocks per SM (tuning.py)
     wide = COMBINE.make_config(top_k=8, hidden=16384)
     wv = _variants(COMBINE, wide, ARCHS["sm_90a"])
     assert wv["split"].constants["chunks"] == 64
     assert COMBINE.plan(wide, wv, {"tokens": 16}, 132)[0].variant == "split"  # 1024 blocks
-    assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "decode"
+    assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "split_block"
+    assert COMBINE.plan(wide, wv, {"tokens": 132}, 132)[0].variant == "decode"
 
 
 def test_combine_plan_takes_the_variant_the_sweep_measured_fastest():
     """tuning.py: below one token per SM, top-2 and top-4 from 16 tokens take split_wide while its
     launch gets programmatic dependent launch (at most 2048 threads), split_block beyond; below
-    16 tokens split (split_wide where split's grid is over its block limit); top-8 never takes
-    either; from one token per SM on, decode/prefill."""
+    16 tokens split (split_wide where split's grid is over its block limit); top-8 split, and
+    split_block where split's grid is over its limit; from one token per SM on, decode/prefill."""
     a = ARCHS["sm_90a"]  # 132 SMs
 
     def chosen(top_k, hidden, tokens, sm_count=a.sm_count):
@@ -376,7 +380,11 @@ def test_combine_plan_takes_the_variant_the_sweep_measured_fastest():
     # below 16 tokens: split unless its grid passes the block limit (hidden 16384 bf16: 64 blocks
     # per token; 78 SMs, an H20, allow 624: 9 tokens), then split_wide
     assert [chosen(4, 16384, t, 78) for t in (9, 10, 15)] == ["split", "split_wide", "split_wide"]
-    assert [chosen(8, 7168, t) for t in (16, 37, 38, 64)] == ["split", "split", "decode", "decode"]
+    # top-8: split while its grid is within the limit (hidden 7168: 28 blocks per token, 1056
+    # blocks: 37 tokens), split_block beyond, decode from one token per SM
+    assert [chosen(8, 7168, t) for t in (16, 37, 38, 64, 131, 132)] == [
+        "split", "split", "split_block", "split_block", "split_block", "decode"]
+    assert [chosen(8, 2048, t) for t in (128, 131)] == ["split", "split"]  # 8 blocks per token
     wide = _variants(COMBINE, COMBINE.make_config(top_k=2, hidden=7168), a)["split_wide"]
     assert wide.constants["chunks"] == 7  # 896 vectors, 128 per one-warp block
 

@@ -60,6 +60,14 @@ SPLIT_WIDE_LOADS = 8
 SPLIT_WIDE_TOP_K = 4  # split_wide from SPLIT_WIDE_MIN_TOKENS tokens (below one token per SM)
 SPLIT_WIDE_MIN_TOKENS = 16  # below it the sweep of the previous session chose split (1-16 tokens)
 SPLIT_WIDE_OVER_CAP_TOP_K = 4  # split_wide instead of decode where split's grid is over its limit
+# Top-8 where split's grid is over its limit takes split_block (family.py). The sweep of top-8
+# with every variant forced (`SWEEP_TOP_K=8 SWEEP_TOKENS=16,32,64,128 bash benchmarks/run_gpu.sh
+# moe_sweep`, H200, 2026-12-01, benchmarks/results/moe-combine-sweep-top8-h200.{md,json}): at
+# the five points over the limit split_block was 8-21% faster than decode, which the plan took
+# before (hidden 7168, 64 tokens: 2.71 vs 3.42 µs; 128 tokens: 3.50 vs 3.81; 6144 x 128: 3.31 vs
+# 3.54; 4096 x 128: 2.89 vs 3.17; 6144 x 64: 2.62 vs 3.23), and split forced there was up to
+# 45% slower than split_block (7168 x 128: 5.06) or within 2% of it (6144 x 64: 2.57); under the
+# limit split stays fastest (e.g. 7168 x 32: 2.20 vs 2.44).
 # Warps per block of the split_block variant (one vector per thread and row, a 128-vector chunk
 # of the row per block): split's work split in torch.compile's block size, a quarter of split's
 # blocks without split_wide's longer threads. The sweep with it (2026-11-30, SWEEP_TOP_K=2,4,
