@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 from ab_norms import labelled_bundle  # noqa: E402
-from common import bench_us, compile_per_shape  # noqa: E402
+from common import bench_us, bundle_points, compile_per_shape  # noqa: E402
 
 POINTS = (
     [("act_and_mul", dict(d=d, activation="silu"), (128, 8192, 32768)) for d in (2048, 7168, 14336)]
@@ -54,13 +54,9 @@ def _inputs(family, values, t):
 
 def missing_points(path: str) -> str:
     """The experiment's points the bundle lacks ("" if none), read from its index on the CPU."""
-    from rose_aot.bundle import BundleReader
-    from rose_aot.errors import RoseAotError
-
-    try:
-        points = BundleReader.open(path).index["points"]
-    except RoseAotError as exc:
-        return f"not a readable bundle ({exc})"
+    points, unreadable = bundle_points(path)
+    if unreadable:
+        return unreadable
     lack = [f"{family}({', '.join(f'{k}={v}' for k, v in values.items())})"
             for family, values, _ in POINTS
             if not any(p["family"] == family and all(p["config"].get(k) == v

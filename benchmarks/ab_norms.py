@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import bench_us, compile_per_shape, int_list  # noqa: E402
+from common import bench_us, bundle_points, compile_per_shape, int_list  # noqa: E402
 
 
 def labelled_bundle(text: str) -> tuple[str, str]:
@@ -61,13 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def missing_points(path: str, hiddens, fused) -> str:
     """What the bundle lacks of the request ("" if nothing), read from its index on the CPU,
     so that a missing point costs no device time."""
-    from rose_aot.bundle import BundleReader
-    from rose_aot.errors import RoseAotError
-
-    try:
-        points = BundleReader.open(path).index["points"]
-    except RoseAotError as exc:
-        return f"not a readable bundle ({exc})"
+    points, unreadable = bundle_points(path)
+    if unreadable:
+        return unreadable
     have = {(p["config"]["hidden"], p["config"]["fused_residual"]) for p in points
             if p["family"] == "rms_norm"}
     lack = sorted((h, f) for h in hiddens for f in fused if (h, f) not in have)

@@ -69,6 +69,18 @@ def file_label(stem: str):
     return check
 
 
+def bundle_points(path: str) -> tuple[list[dict], str]:
+    """(the points of the bundle's index, "") or ([], why it cannot be read): read on the CPU,
+    so that a script given the wrong bundle stops before any GPU work."""
+    from rose_aot.bundle import BundleReader
+    from rose_aot.errors import RoseAotError
+
+    try:
+        return BundleReader.open(path).index["points"], ""
+    except RoseAotError as exc:
+        return [], f"not a readable bundle ({exc})"
+
+
 def bench_us(fn, rep_ms: int = 60) -> float:
     """Median GPU time of one call in µs, replayed in a CUDA graph (triton's do_bench_cudagraph)."""
     import triton.testing
