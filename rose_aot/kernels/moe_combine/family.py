@@ -139,8 +139,9 @@ class MoeCombine(KernelFamily):
             elif c.top_k <= wide["wide_over_cap_top_k"]:
                 choice = "split_wide"
             else:
-                # top-8 over split's block limit: split_block, a quarter of split's blocks
-                # (tuning.py: 8-21% faster than decode at every such point of the sweep)
+                # top_k above wide_over_cap_top_k (top-8) over split's block limit:
+                # split_block, a quarter of split's blocks (tuning.py: 8-21% faster than decode
+                # at every such top-8 point of the sweep)
                 choice = "split_block"
         if choice in ("split", "split_wide", "split_block"):
             chunks = variants[choice].constants["chunks"]
