@@ -22,7 +22,7 @@ PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 # the prefill variant of 2026-12-01 (2 vectors, hints, x read twice) has not been swept: the
 # norms tables of that day show it level with or ahead of torch.compile from 1024 tokens at
 # hidden 5120-8192 except 6144 and 8192 at 1024 tokens (0.93-0.94x; norms-wide-joined-h200.md). At
-# 512-1024 tokens of 6144-8192 it was 2-8% behind in three of four A/B runs; the decode variant
+# 512-1024 tokens of 6144-8192 it was 3-9% behind in three of four A/B runs; the decode variant
 # and eight other prefill shapes and load orders were forced there and none was better across
 # token counts (benchmarks/results/norm-mid-tokens-experiment-h200.md), nor the prefill variant
 # for rows of <= 8 warps at hidden 2048-4096.
