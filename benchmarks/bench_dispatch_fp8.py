@@ -7,8 +7,8 @@ torch.compile of the same math (argsort dispatch, then per-group absmax quantiza
 
 BUNDLE: `rose-aot build benchmarks/manifests/moe_fp8.toml -o build/bench-moe-fp8.rosebundle`.
 GPU time per call, CUDA-graph replay, median; 128 experts, top-8, bf16 tokens, group 128. The
-fused kernel is also timed with each variant forced ("small" beyond its capacity is the plan's
-choice). Before timing, the fused output is checked bitwise against the unfused pair at the
+fused kernel is also timed with each variant forced ("small" and "small_wide" beyond their
+capacity are the plan's choice). Before timing, the fused output is checked bitwise against the unfused pair at the
 benchmarked shape (through positions); a mismatch aborts the run. Bytes counted: x read once +
 e4m3 rows and fp32 scales written. Writes moe_fp8.json and moe_fp8.md (moe_fp8-NAME.* with
 --label) to $OUT (or benchmarks/results). --hidden keeps the shapes of those widths; --no-peers
@@ -37,7 +37,7 @@ from common import (  # noqa: E402
 )
 
 EXPERTS, TOP_K, GROUP = 128, 8, 128
-TOKENS = [1, 4, 16, 32, 64, 128, 256, 1024, 8192]
+TOKENS = [1, 4, 16, 32, 64, 96, 128, 256, 1024, 8192]
 SHAPES = [(2048, "row_major"), (7168, "row_major"), (7168, "col_major_tma")]
 
 
@@ -134,7 +134,7 @@ def main() -> None:
             row = {"hidden": hidden, "layout": layout, "tokens": tokens, "bytes": nbytes, "us": {}}
             u = row["us"]
             u["fused"] = bench_us(lambda: fused(x, ids, q, s, offsets, pos))
-            for variant in ("small", "decode", "prefill"):
+            for variant in ("small", "small_wide", "decode", "prefill"):
                 u[f"fused_{variant}"] = bench_us(
                     lambda: fused(x, ids, q, s, offsets, pos, variant=variant)
                 )
@@ -155,10 +155,10 @@ def main() -> None:
         f"top-8, bf16 tokens, FP8 groups of {GROUP}. TB/s counts x read once plus codes and "
         f"scales written. torch.compile: compiled for each shape (dynamic=False).",
         "",
-        "| hidden | scales | tokens | fused µs (plan) | small | decode | prefill | TB/s | "
+        "| hidden | scales | tokens | fused µs (plan) | small | small_wide | decode | prefill | TB/s | "
         "dispatch + fp8_group_quant | dispatch alone | torch eager | torch.compile | "
         "vs unfused | vs torch.compile |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows_out:
         u = r["us"]
@@ -169,7 +169,8 @@ def main() -> None:
                      f"{u['torch_compile'] / u['fused']:.2f}x")
         lines.append(
             f"| {r['hidden']} | {r['layout']} | {r['tokens']} | {u['fused']:.2f} | "
-            f"{u['fused_small']:.2f} | {u['fused_decode']:.2f} | {u['fused_prefill']:.2f} | "
+            f"{u['fused_small']:.2f} | {u.get('fused_small_wide', float('nan')):.2f} | "
+            f"{u['fused_decode']:.2f} | {u['fused_prefill']:.2f} | "
             f"{tbs:.2f} | {u['dispatch_then_quant']:.2f} | {u['dispatch_only']:.2f} | "
             f"{peers[0]} | {peers[1]} | {u['dispatch_then_quant'] / u['fused']:.2f}x | {peers[2]} |"
         )

@@ -34,7 +34,7 @@ from common import (  # noqa: E402
 )
 
 EXPERTS, TOP_K = 128, 8
-TOKENS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 8192]
+TOKENS = [1, 4, 16, 32, 48, 64, 128, 256, 512, 1024, 8192]
 
 
 def torch_dispatch(x, ids, num_experts):
@@ -158,7 +158,7 @@ def main() -> None:
         dispatch = bundle.kernel("moe_dispatch", num_experts=EXPERTS, top_k=TOP_K, hidden=hidden)
         combine = bundle.kernel("moe_combine", top_k=TOP_K, hidden=hidden)
         family = dispatch.family
-        for tokens in TOKENS if hidden == 2048 else [1, 16, 32, 64, 128, 8192]:
+        for tokens in TOKENS if hidden == 2048 else [1, 16, 32, 48, 64, 128, 8192]:
             gen = torch.Generator(device="cuda").manual_seed(tokens)
             x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
             ids = torch.argsort(torch.rand(tokens, EXPERTS, device="cuda", generator=gen), 1)

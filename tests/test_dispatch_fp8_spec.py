@@ -13,7 +13,11 @@ from rose_aot.builder.compile import compile_point
 from rose_aot.errors import ConfigError
 from rose_aot.kernels import get_family
 from rose_aot.kernels.fp8_group_quant.reference import quantize_groups
-from rose_aot.kernels.moe_dispatch.tuning import SMALL_QUANT_VECS_PER_LANE
+from rose_aot.kernels.moe_dispatch.tuning import (
+    SMALL_MAX_PAIRS,
+    SMALL_QUANT_VECS_PER_LANE,
+    SMALL_WIDE_MAX_PAIRS,
+)
 
 FUSED = get_family("moe_dispatch_fp8_quant")
 DISPATCH = get_family("moe_dispatch")
@@ -86,20 +90,30 @@ def test_plans_are_moe_dispatchs_but_small_units_are_token_slices():
     a = ARCHS["sm_90a"]
     fv = {v.name: v for v in FUSED.variants(c, a)}
     dv = {v.name: v for v in DISPATCH.variants(d, a)}
-    assert list(fv) == list(dv) == ["small", "decode", "prefill_route", "prefill_copy"]
-    small = fv["small"].constants
-    assert small["token_units"] and small["vecs_per_lane"] == SMALL_QUANT_VECS_PER_LANE
+    # the plain dispatch's variants, and small_wide: small with room for more pairs
+    assert list(dv) == ["small", "decode", "prefill_route", "prefill_copy"]
+    assert list(fv) == ["small", "small_wide", "decode", "prefill_route", "prefill_copy"]
     assert "token_units" not in dv["small"].constants
+    for name in ("small", "small_wide"):
+        small = fv[name].constants
+        assert small["token_units"] and small["vecs_per_lane"] == SMALL_QUANT_VECS_PER_LANE
+    assert fv["small"].constants["max_pairs"] == dv["small"].constants["max_pairs"] == SMALL_MAX_PAIRS
+    assert fv["small_wide"].constants["max_pairs"] == SMALL_WIDE_MAX_PAIRS > SMALL_MAX_PAIRS
     units_per_row = -(-2048 // small["vec"] // (32 * SMALL_QUANT_VECS_PER_LANE))
-    for tokens in (1, 7, 32, 33, 132, 1024, 65536):
+    for tokens in (1, 7, 32, 33, 64, 65, 100, 128, 129, 132, 1024, 65536):
+        pairs = tokens * c.top_k
+        sizes = {"tokens": tokens, "rows": FUSED.max_rows(c, tokens)}
         for force in (None, *FUSED.plan_choices):
-            sizes = {"tokens": tokens, "rows": FUSED.max_rows(c, tokens)}
             ours = FUSED.plan(c, fv, sizes, 132, force)
-            theirs = DISPATCH.plan(d, dv, sizes, 132, force)
-            assert [x.variant for x in ours] == [x.variant for x in theirs]
-            if ours[0].variant != "small":
-                assert ours == theirs
-                continue
+            if pairs <= SMALL_WIDE_MAX_PAIRS and (
+                    force == "small_wide" or (pairs > SMALL_MAX_PAIRS and force in (None, "small"))):
+                assert [x.variant for x in ours] == ["small_wide"], (tokens, force)
+            else:  # moe_dispatch's plan (small_wide forced beyond its capacity: the plan's own)
+                theirs = DISPATCH.plan(d, dv, sizes, 132, None if force == "small_wide" else force)
+                assert [x.variant for x in ours] == [x.variant for x in theirs], (tokens, force)
+                if ours[0].variant != "small":
+                    assert ours == theirs
+                    continue
             # a warp per slice of a token (not of each of its top_k copies), capped per SM
             warps = tokens * units_per_row
             assert ours[0].grid == (min(-(-warps // 4), 132 * small["blocks_per_sm"]), 1, 1)
@@ -191,7 +205,7 @@ def fused_ptx(request):
     return {"arch": request.param, **{n: ptx for n, (ptx, _c) in point.artifacts.items()}}
 
 
-@pytest.mark.parametrize("variant", ["small", "decode", "prefill_copy"])
+@pytest.mark.parametrize("variant", ["small", "small_wide", "decode", "prefill_copy"])
 def test_copies_quantize_with_fp8_group_quants_instructions(fused_ptx, variant):
     """fp8_group_quant's arithmetic (bit-exact results need the same instructions): the scale's
     IEEE division, the quotient (a reciprocal per group, fma per element) and the saturating
@@ -225,8 +239,9 @@ def test_padding_rows_store_zero_bytes_and_no_word_packs_one_half_twice(arch):
         assert not twice, (name, twice[:3])
 
 
-def test_small_fused_kernel_has_no_atomics_or_barrier(fused_ptx):
-    ptx = fused_ptx["small"]
+@pytest.mark.parametrize("variant", ["small", "small_wide"])
+def test_small_fused_kernels_have_no_atomics_or_barrier(fused_ptx, variant):
+    ptx = fused_ptx[variant]
     assert not re.search(r"\b(atom|red)\.", ptx) and "ld.acquire" not in ptx
     assert "match.any.sync.b32" in ptx
 
@@ -239,7 +254,7 @@ def test_ue8m0_scales_and_col_major_layout_compile():
         "sm_90a",
     )
     assert [v.name for v in point.record.variants] == [
-        "small", "decode", "prefill_route", "prefill_copy"
+        "small", "small_wide", "decode", "prefill_route", "prefill_copy"
     ]
     for name, (ptx, _) in point.artifacts.items():
         if name != "prefill_route":  # fp8_group_quant's UE8M0 rounding, read off the bits

@@ -11,7 +11,11 @@ from rose_aot.archs import ARCHS
 from rose_aot.builder.compile import compile_point
 from rose_aot.errors import ArgumentError, ConfigError
 from rose_aot.kernels import get_family
-from rose_aot.kernels.moe_dispatch.tuning import DECODE_MAX_PAIRS_PER_SM, SMALL_MAX_PAIRS
+from rose_aot.kernels.moe_dispatch.tuning import (
+    DECODE_MAX_PAIRS_PER_SM,
+    SMALL_BLOCK_THREADS,
+    SMALL_MAX_PAIRS,
+)
 
 DISPATCH = get_family("moe_dispatch")
 COMBINE = get_family("moe_combine")
@@ -87,6 +91,7 @@ def test_small_counts_are_one_plain_launch_without_a_barrier(arch):
     small = variants["small"]
     assert not small.cooperative and small.pdl > 0
     assert small.constants["max_pairs"] == SMALL_MAX_PAIRS
+    assert "small_wide" not in variants  # moe_dispatch_fp8_quant's only
     for tokens in (1, 7, SMALL_MAX_PAIRS // c.top_k):
         sizes = {"tokens": tokens, "rows": DISPATCH.max_rows(c, tokens)}
         (launch,) = _plan(DISPATCH, c, a, sizes)
@@ -147,8 +152,12 @@ def test_small_shared_memory_covers_every_expert_and_pair():
     for experts in (1, 16, 128, 1024):
         c = DISPATCH.make_config(num_experts=experts, top_k=1, hidden=512)
         small = _variants(DISPATCH, c, ARCHS["sm_90a"])["small"]
-        assert small.smem == small_shared_bytes(experts, small.threads // 32, SMALL_MAX_PAIRS)
-        assert small.smem >= 4 * (3 * (experts + 1) + 2 * SMALL_MAX_PAIRS)
+        warps = SMALL_BLOCK_THREADS // 32
+        assert small.threads == SMALL_BLOCK_THREADS
+        assert small.smem == small_shared_bytes(experts, warps, SMALL_MAX_PAIRS)
+        # counts, offsets, padding prefix; the counts of ranking warps 1..; each pair's expert
+        # and rank
+        assert small.smem >= 4 * ((3 + warps - 1) * (experts + 1) + 2 * SMALL_MAX_PAIRS)
 
 
 def test_the_switch_moves_with_the_target_sm_count():
@@ -161,9 +170,10 @@ def test_the_switch_moves_with_the_target_sm_count():
     # a smaller sm_90a part (an H20 has 78 SMs).
     variants = _variants(DISPATCH, c, ARCHS["sm_90a"])
     assert len(DISPATCH.plan(c, variants, sizes, 148)) == 1
-    small = {"tokens": 90, "rows": DISPATCH.max_rows(c, 90)}  # 720 pairs: above 8 x 78
-    assert len(DISPATCH.plan(c, variants, small, 132)) == 1
-    assert len(DISPATCH.plan(c, variants, small, 78)) == 2
+    mid = {"tokens": 90, "rows": DISPATCH.max_rows(c, 90)}  # 720 pairs: above 8 x 78
+    assert SMALL_MAX_PAIRS < 720
+    assert [x.variant for x in DISPATCH.plan(c, variants, mid, 132)] == ["decode"]
+    assert len(DISPATCH.plan(c, variants, mid, 78)) == 2
 
 
 def test_forcing_a_variant_and_rejecting_unknown_names():
@@ -245,12 +255,15 @@ def test_decode_kernel_has_the_grid_barrier_and_shared_counters(dispatch_ptx):
 
 def test_small_kernel_has_no_barrier_no_atomics_and_ranks_with_warp_matches(dispatch_ptx):
     """No grid barrier and no atomics (the rank of a pair inside its expert must be the same
-    in every block): match.any + popc, a PDL prologue, shared counters updated by one lane."""
+    in every block): match.any + popc, a PDL prologue, shared counters updated by one lane;
+    the warps' ranks combined after block barriers (four: before and after the ranking, and
+    two in the combination)."""
     ptx = dispatch_ptx["small"]
     assert not re.search(r"\b(atom|red)\.", ptx)
     assert "ld.acquire" not in ptx
     assert "match.any.sync.b32" in ptx and "popc.b32" in ptx
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert ptx.count("bar.sync") >= 4
 
 
 @pytest.mark.parametrize("variant", ["small", "decode", "prefill_route", "prefill_copy"])

@@ -28,6 +28,14 @@ ACT_QUANT = ("act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant", "block_s
              "nvfp4_quant")
 
 
+def _capacity(handle, config, variant) -> int:
+    """The most tokens a small variant of moe_dispatch takes (its record's max_pairs)."""
+    import torch
+
+    record = handle.record(torch.cuda.current_device())
+    return record.variant(variant).constants["max_pairs"] // config.top_k
+
+
 def main(path: str, families: tuple[str, ...] = ()) -> None:
     import torch
 
@@ -87,7 +95,10 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
                 print(f"ok {handle.key} {variant} T={tokens}", flush=True)
             continue
         if point["family"] == dispatch_fp8_cases.FAMILY:  # e4m3 rows, scale layouts
-            for variant, tokens in (("small", 3), ("decode", 3), ("prefill", 301)):
+            # the small variants at their capacity too: every warp of their blocks ranks pairs
+            for variant, tokens in (("small", 3), ("small", _capacity(handle, config, "small")),
+                                    ("small_wide", _capacity(handle, config, "small_wide")),
+                                    ("decode", 3), ("prefill", 301)):
                 host, want = dispatch_fp8_cases.make_case(config, tokens, "out_of_range", tokens)
                 dev = dispatch_fp8_cases.to_device(host)
                 handle(*dev, variant=variant)
@@ -98,12 +109,12 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
         args = handle.record(device).args  # the call arguments the handle checks, in order
         runs = [("decode", 3), ("prefill", 1001)]
         if "small" in family.plan_choices:  # moe_dispatch: redundant routing, no barrier
-            runs.insert(0, ("small", 3))
+            runs[:0] = [("small", 3), ("small", _capacity(handle, config, "small"))]
         for name in ("split", "split_wide", "split_block"):  # moe_combine: a row over blocks
             if name in family.plan_choices:
                 runs.insert(0, (name, 3))
         for variant, tokens in runs:
-            if point["family"] == "moe_dispatch" and tokens > 3:
+            if point["family"] == "moe_dispatch" and variant != "small" and tokens > 3:
                 tokens = 301  # prefill route + copy
             gen = torch.Generator().manual_seed(tokens)
             host = []

@@ -22,7 +22,7 @@ from dispatch_fp8_cases import FAMILY, ROUTINGS, check, make_case, to_device  # 
 
 from rose_aot import open_bundle  # noqa: E402
 from rose_aot.kernels import get_family  # noqa: E402
-from rose_aot.kernels.moe_dispatch.tuning import SMALL_MAX_PAIRS  # noqa: E402
+from rose_aot.kernels.moe_dispatch.tuning import SMALL_WIDE_MAX_PAIRS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -55,16 +55,18 @@ def test_every_point_every_variant_bitwise(bundle, tokens, routing):
         handle = bundle.kernel(FAMILY, **values)
         host, expect = make_case(c, tokens, routing, seed=97 * i + tokens,
                                  strided_x=tokens % 2 == 1)
-        for variant in (None, "small", "decode", "prefill"):
-            if variant == "small" and tokens * c.top_k > SMALL_MAX_PAIRS:
-                continue  # beyond its capacity "small" is the plan's own choice
+        record = handle.record(torch.cuda.current_device())
+        for variant in (None, "small", "small_wide", "decode", "prefill"):
+            if variant in ("small", "small_wide") and (
+                    tokens * c.top_k > record.variant(variant).constants["max_pairs"]):
+                continue  # beyond its capacity a small variant is the plan's own choice
             dev = to_device(host)
             launches = handle.plan(*dev, variant=variant)
             handle(*dev, variant=variant)
             torch.cuda.synchronize()
             ran = "+".join(x.variant for x in launches)
             where = f"{handle.key} T={tokens} {routing} forced={variant} ran={ran}"
-            check(c, host, dev, expect, where, exact_rows=ran == "small")
+            check(c, host, dev, expect, where, exact_rows=ran in ("small", "small_wide"))
 
 
 def test_equals_dispatch_then_group_quant_from_the_bundle(bundle):
@@ -129,7 +131,8 @@ def test_fused_dispatch_replays_in_a_cuda_graph(bundle):
     values = _points(bundle)[0]
     c = get_family(FAMILY).make_config(**values)
     handle = bundle.kernel(FAMILY, **values)
-    for tokens in (1, 3 * SMALL_MAX_PAIRS // c.top_k):  # small, and decode or prefill
+    # small, small_wide (up to SMALL_WIDE_MAX_PAIRS), and decode or prefill
+    for tokens in (1, SMALL_WIDE_MAX_PAIRS // c.top_k, 3 * SMALL_WIDE_MAX_PAIRS // c.top_k):
         host, expect = make_case(c, tokens, "random", seed=5)
         dev = to_device(host)
         handle(*dev)  # warm-up: the workspace exists before the capture

@@ -2,10 +2,11 @@
 
 Every moe_dispatch point of the bundle, forced to "small" at every token count it takes, with
 random, skewed, sparse and out-of-range routing. Its rows inside an expert come in (token, k)
-order in every block, so the outputs must equal the float64 reference exactly: positions,
-expert_offsets, each copied row, padding zeroed and rows past the end untouched. Also: the plan
-picks it for small counts, launches are bitwise repeatable, and a CUDA graph of back-to-back
-dispatches (PDL between them) stays correct over replays.
+order in every block (each warp ranks a share, then the shares are combined), so the outputs
+must equal the float64 reference exactly: positions, expert_offsets, each copied row, padding
+zeroed and rows past the end untouched. Also: the plan picks it for small counts, launches are
+bitwise repeatable, and a CUDA graph of back-to-back dispatches (PDL between them) stays
+correct over replays.
 """
 
 from __future__ import annotations
@@ -34,9 +35,22 @@ def _points(bundle):
     return [p["config"] for p in bundle.index["points"] if p["arch"] == arch and p["family"] == FAMILY]
 
 
-def _token_counts(top_k):
-    most = SMALL_MAX_PAIRS // top_k
-    return sorted({1, 2, 3, min(16, most), max(1, most - 1), most})
+def _capacity(handle):
+    """Pairs "small" takes at most (its record's max_pairs) and the pairs each warp of its
+    blocks ranks."""
+    import torch
+
+    v = handle.record(torch.cuda.current_device()).variant("small")
+    return v.constants["max_pairs"], -(-v.constants["max_pairs"] // v.threads) * 32
+
+
+def _token_counts(top_k, max_pairs, per_warp):
+    """Tiny counts, the last count ranked by warp 0 alone and one more (warps past 0 rank
+    too), and the capacity."""
+    most = max_pairs // top_k
+    one_warp = per_warp // top_k
+    return sorted({1, 2, 3, min(16, most), min(one_warp, most), min(one_warp + 1, most),
+                   max(1, most - 1), most})
 
 
 def _routing(kind, tokens, c, gen):
@@ -106,6 +120,8 @@ def torch_uint(width):
 
 @pytest.mark.parametrize("routing", ROUTINGS)
 def test_small_equals_the_reference_exactly(bundle, routing):
+    """Forced at every count it takes: rows in (token, k) order like the reference, so every
+    output compares bitwise (the ranks of warps 1.. included)."""
     import torch
 
     points = _points(bundle)
@@ -113,7 +129,7 @@ def test_small_equals_the_reference_exactly(bundle, routing):
     for i, values in enumerate(points):
         handle = bundle.kernel(FAMILY, **values)
         names = [a.name for a in handle.record(torch.cuda.current_device()).args]
-        for tokens in _token_counts(values["top_k"]):
+        for tokens in _token_counts(values["top_k"], *_capacity(handle)):
             c, host, expect = _case(values, tokens, routing, seed=1000 * i + tokens)
             dev = [t.cuda() for t in host]
             (launch,) = handle.plan(*dev, variant="small")

@@ -65,6 +65,8 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
     item_pairs, item_tokens = (K, 1) if token_units else (1, K)
     max_pairs = variant.constants.get("max_pairs", 0)
     rank_chunks = -(-max_pairs // 32)
+    # small variants: every warp of the block ranks this many chunks of 32 pairs (rank_pairs)
+    chunks_per_warp = -(-rank_chunks // warps)
     search_steps = (E - 1).bit_length()  # binary search over E experts
 
     @cute.jit
@@ -313,19 +315,25 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
 
     # --- small variant: every block routes the few pairs itself --------------------------------
     @cute.jit
-    def rank_pairs(mIds, sCount, sExp, sRank):
-        """Warp 0: each pair's local expert (or -1) and its rank among the pairs of that expert
-        in (token, k) order, and the per-expert counts. Deterministic, so every block of the
-        grid computes the same rows: pairs go 32 at a time; match.any groups the lanes of one
-        expert, the lowest lane of a group adds the group's size to the expert's count, and each
-        lane's rank is the count before plus the lanes of its group below it."""
+    def rank_pairs(mIds, sCount, sMore, sExp, sRank):
+        """Each pair's local expert (or -1) and its rank among the pairs of that expert in
+        (token, k) order, and the per-expert counts. Deterministic, so every block of the grid
+        computes the same rows. Warp w ranks the pairs of chunks [w * chunks_per_warp, (w + 1)
+        * chunks_per_warp), 32 pairs at a time: match.any groups the lanes of one expert, the
+        lowest lane of a group adds the group's size to the warp's count of that expert (warp
+        0: sCount, warp w > 0: sMore[:, w - 1]), and each lane's rank is that count before
+        plus the lanes of its group below it. combine_ranks then adds to each rank of warp w
+        the pairs of its expert in the warps before. (One warp ranking every pair, the earlier
+        form, was a chain of max_pairs / 32 such steps.)"""
         tidx, _, _ = cute.arch.thread_idx()
         lane = tidx % 32
+        warp = tidx // 32
         pairs = mIds.shape[0] * K
-        if tidx < 32:
-            rKey = cute.make_rmem_tensor(rank_chunks, Int32)
-            for c in cutlass.range_constexpr(rank_chunks):
-                i = c * 32 + lane
+        first = warp * chunks_per_warp
+        if first * 32 < pairs:
+            rKey = cute.make_rmem_tensor(chunks_per_warp, Int32)
+            for c in cutlass.range_constexpr(chunks_per_warp):
+                i = (first + c) * 32 + lane
                 rKey[c] = Int32(-1)
                 if i < pairs:
                     ident = mIds[i // K, i % K]
@@ -333,22 +341,50 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
                     if ident >= 0 and ident < n_experts and e >= 0 and e < E:
                         rKey[c] = e
             below_mask = cute.arch.lanemask_lt()
-            for c in cutlass.range_constexpr(rank_chunks):
-                if c * 32 < pairs:
+            for c in cutlass.range_constexpr(chunks_per_warp):
+                if (first + c) * 32 < pairs:
                     key = rKey[c]
                     peers = cute.arch.match_sync(Int32(-1), key, "any")
                     below = Int32(cute.arch.popc(peers & below_mask))
                     base = Int32(0)
                     if key >= 0:
-                        base = sCount[key]
+                        if warp == 0:
+                            base = sCount[key]
+                        else:
+                            base = sMore[key, warp - 1]
                     cute.arch.sync_warp()
                     if key >= 0 and below == 0:
-                        sCount[key] = base + Int32(cute.arch.popc(peers))
+                        if warp == 0:
+                            sCount[key] = base + Int32(cute.arch.popc(peers))
+                        else:
+                            sMore[key, warp - 1] = base + Int32(cute.arch.popc(peers))
                     cute.arch.sync_warp()
-                    i = c * 32 + lane
+                    i = (first + c) * 32 + lane
                     if i < pairs:
                         sExp[i] = key
                         sRank[i] = base + below
+
+    @cute.jit
+    def combine_ranks(mIds, sCount, sMore, sExp, sRank):
+        """After rank_pairs and a block barrier, if warps past 0 ranked pairs: sCount[e]
+        becomes the count of expert e over all warps, and each rank of a warp w > 0 grows by
+        expert e's pairs in warps 0 .. w - 1. The whole block calls it (barriers inside)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        pairs = mIds.shape[0] * K
+        if pairs > chunks_per_warp * 32:
+            for e in cutlass.range(tidx, E, threads):
+                running = sCount[e]
+                for w in cutlass.range_constexpr(warps - 1):
+                    n = sMore[e, w]
+                    sMore[e, w] = running
+                    running = running + n
+                sCount[e] = running
+            cute.arch.sync_threads()
+            for i in cutlass.range(chunks_per_warp * 32 + tidx, pairs, threads):
+                key = sExp[i]
+                if key >= 0:
+                    sRank[i] = sRank[i] + sMore[key, i // (chunks_per_warp * 32) - 1]
+            cute.arch.sync_threads()
 
     @cute.jit
     def scan_small(sCount, sOffset, sPad, sWarp, mOffsets, write_out):
@@ -442,6 +478,9 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
         sCount = alloc.tensor(Int32, E + 1)
         sOffset = alloc.tensor(Int32, E + 1)
         sPad = alloc.tensor(Int32, E + 1)
+        sMore = None
+        if const_expr(warps > 1):  # the counts of ranking warps 1.. (rank_pairs)
+            sMore = alloc.tensor(Int32, (E + 1, warps - 1))
         sExp = alloc.tensor(Int32, max_pairs)
         sRank = alloc.tensor(Int32, max_pairs)
         sWarp = alloc.tensor(Int32, warps)
@@ -457,9 +496,13 @@ def host_function(config: MoeDispatchConfig, variant: Variant, arch: Arch):
             load_slice(mX, first // units_per_row // item_tokens, first % units_per_row, tXrX)
         for e in cutlass.range(tidx, E, threads):
             sCount[e] = Int32(0)
+            for w in cutlass.range_constexpr(warps - 1):
+                sMore[e, w] = Int32(0)
         cute.arch.sync_threads()
-        rank_pairs(mIds, sCount, sExp, sRank)
+        rank_pairs(mIds, sCount, sMore, sExp, sRank)
         cute.arch.sync_threads()
+        if const_expr(warps > 1):
+            combine_ranks(mIds, sCount, sMore, sExp, sRank)
         scan_small(sCount, sOffset, sPad, sWarp, mOffsets, bidx == 0)
         if bidx == 0:
             for i in cutlass.range(tidx, pairs, threads):

@@ -13,15 +13,16 @@ Rule for expert ids: an id outside [0, num_experts), or outside this rank's rang
 [expert_start, expert_start + local_experts) under tensor parallelism, is skipped: its position
 is -1 and nothing is written for it. The order of rows inside an expert is unspecified (atomics);
 combine reads rows through `positions`, so its result does not depend on it. (The "small"
-variant happens to place them in (token, k) order, like the reference; do not rely on it.)
+variants happen to place them in (token, k) order, like the reference; do not rely on it.)
 
 Launch plans (the seed's deployment 1), chosen by the number of (token, k) pairs:
 - small (up to SMALL_MAX_PAIRS pairs): ONE plain launch, no grid barrier, programmatic dependent
-  launch. Every block routes the few pairs itself (one warp ranks them in (token, k) order with
-  warp match instructions, so every block computes the same rows; a prefix sum over the experts
-  gives the offsets); block 0 alone writes expert_offsets and positions; each warp copies
-  32 x SMALL_VECS_PER_LANE vectors of one row, so a row is spread over many SMs. The first
-  slice of x is loaded before the routing, hiding its latency.
+  launch. Every block routes the few pairs itself (its warps rank them in (token, k) order with
+  warp match instructions, each warp a share, so every block computes the same rows; a prefix
+  sum over the experts gives the offsets); block 0 alone writes expert_offsets and positions;
+  each warp copies 32 x SMALL_VECS_PER_LANE vectors of one row, so a row is spread over many
+  SMs. The first slice of x is loaded before the routing, hiding its latency.
+  (moe_dispatch_fp8_quant adds "small_wide", the same with room for SMALL_WIDE_MAX_PAIRS pairs.)
 - decode: ONE cooperative launch, grid <= the target's SM count. Block 0 routes with shared-memory
   counters and a prefix sum, then a grid barrier (release/acquire on a self-resetting global
   word), then every block copies rows.
@@ -63,12 +64,14 @@ def shared_bytes(local_experts: int, warps: int) -> int:
 
 
 def small_shared_bytes(local_experts: int, warps: int, max_pairs: int) -> int:
-    """Dynamic shared memory of the small variant: per-expert counts, offsets and padding
-    prefix (E + 1 int32 each), each pair's expert and rank (max_pairs int32 each), then one
-    int32 per warp for the block scan; every array 16-byte aligned, allocated in this order."""
+    """Dynamic shared memory of a small variant: per-expert counts, offsets and padding
+    prefix (E + 1 int32 each), the counts of ranking warps 1.. (E + 1 int32 per warp), each
+    pair's expert and rank (max_pairs int32 each), then one int32 per warp for the block scan;
+    every array 16-byte aligned, allocated in this order."""
     per_expert = -(-4 * (local_experts + 1) // 16) * 16
+    more = -(-4 * (local_experts + 1) * (warps - 1) // 16) * 16
     per_pair = -(-4 * max_pairs // 16) * 16
-    return 3 * per_expert + 2 * per_pair + 4 * warps
+    return 3 * per_expert + more + 2 * per_pair + 4 * warps
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class MoeDispatch(KernelFamily):
     device_module = "rose_aot.kernels.moe_dispatch.device"
     size_names = ("tokens", "rows")
     plan_choices = ("small", "decode", "prefill")
+    # (name, pairs it takes at most) of the small variants, in plan order (tuning.py)
+    small_variants = (("small", SMALL_MAX_PAIRS),)
 
     def make_config(self, **values):
         if values.get("dtype") == "float8_e4m3fn" and hasattr(self.Config, "scale_group"):
@@ -188,15 +193,18 @@ class MoeDispatch(KernelFamily):
         # sends to decode on this arch; larger (forced) launches take the general loop.
         reg_pairs = -(-arch.sm_count * DECODE_MAX_PAIRS_PER_SM // BLOCK_THREADS)
         small_threads = SMALL_BLOCK_THREADS
-        small = Variant(
-            "small", (small_threads, 1, 1),
-            small_shared_bytes(self.local(c), small_threads // 32, SMALL_MAX_PAIRS), params,
-            {"vec": vec, "phase": "small", "max_pairs": SMALL_MAX_PAIRS,
-             "vecs_per_lane": SMALL_VECS_PER_LANE, "blocks_per_sm": SMALL_BLOCKS_PER_SM},
-            pdl=PDL_MAX_THREADS,
+        small = tuple(
+            Variant(
+                name, (small_threads, 1, 1),
+                small_shared_bytes(self.local(c), small_threads // 32, max_pairs), params,
+                {"vec": vec, "phase": "small", "max_pairs": max_pairs,
+                 "vecs_per_lane": SMALL_VECS_PER_LANE, "blocks_per_sm": SMALL_BLOCKS_PER_SM},
+                pdl=PDL_MAX_THREADS,
+            )
+            for name, max_pairs in self.small_variants
         )
         return (
-            small,
+            *small,
             Variant("decode", block, smem, params,
                     {**common, "phase": "decode", "register_pairs": reg_pairs}, cooperative=True,
                     pdl=PDL_MAX_THREADS),
@@ -209,10 +217,10 @@ class MoeDispatch(KernelFamily):
         return "_scaled" if c.scale_group else ""
 
     def sample_sizes(self, c: MoeDispatchConfig) -> list[dict[str, int]]:
-        beyond_small = SMALL_MAX_PAIRS // c.top_k + 1
+        beyond = [pairs // c.top_k + 1 for _, pairs in self.small_variants]
         return [
             {"tokens": t, "rows": self.max_rows(c, t)}
-            for t in (1, 7, beyond_small, 1024, 65536)
+            for t in sorted({1, 7, *beyond, 1024, 65536})
         ]
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
@@ -228,10 +236,14 @@ class MoeDispatch(KernelFamily):
                 f"allocate out with max_rows(config, tokens) rows"
             )
         pairs = tokens * c.top_k
-        small_v = variants["small"]
-        # Forcing "small" beyond its capacity (its shared arrays) gets the size's own plan.
-        if pairs <= small_v.constants["max_pairs"] and force in (None, "small"):
-            return (Launch("small", (self._small_grid(c, small_v, tokens, sm_count), 1, 1)),)
+        # The first small variant that takes the pairs. A small variant forced beyond its
+        # capacity (its shared arrays) gets the size's own plan, and one forced below the
+        # capacity of those before it runs itself.
+        smalls = [name for name, _ in self.small_variants]
+        for i, name in enumerate(smalls):
+            v = variants[name]
+            if pairs <= v.constants["max_pairs"] and force in (None, *smalls[: i + 1]):
+                return (Launch(name, (self._small_grid(c, v, tokens, sm_count), 1, 1)),)
         decode_v = variants["decode"]
         threads = decode_v.threads
         warps = threads // 32

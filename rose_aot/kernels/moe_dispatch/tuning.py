@@ -7,6 +7,7 @@ __all__ = [
     "DECODE_MAX_PAIRS_PER_SM",
     "SMALL_BLOCK_THREADS",
     "SMALL_MAX_PAIRS",
+    "SMALL_WIDE_MAX_PAIRS",
     "SMALL_VECS_PER_LANE",
     "SMALL_QUANT_VECS_PER_LANE",
     "SMALL_BLOCKS_PER_SM",
@@ -25,8 +26,23 @@ DECODE_MAX_PAIRS_PER_SM = 8
 # and 3.68 vs 4.69 at 32 tokens (hidden 2048; 7168: 1.64 vs 6.40, 4.89 vs 6.52). The block
 # shape and per-SM limit below are first choices, not swept.
 # Pairs (tokens x top_k) up to which the plan uses it; also its capacity (shared-memory arrays
-# of one int32 each per pair, and the registers of the warp that ranks the pairs).
-SMALL_MAX_PAIRS = 256
+# of one int32 each per pair, and the registers of the warps that rank the pairs).
+# Its warps rank the pairs together, each a share of 32-pair steps, since 2026-12-01: one warp
+# ranking them all was a chain of max_pairs / 32 steps in every block. With that, 512 pairs
+# instead of 256: two trees alternated twice in one call (H200, 2026-12-01, benchmarks/results/
+# dispatch-small-wide-experiment-h200.md, `bench_dispatch_fp8.py --no-peers`): the plain
+# dispatch 5-10% faster at 1-17 tokens (one token of 2048: 1.52 -> 1.37 µs), 20-33% at 32-48
+# (32 tokens of 7168: 4.8 -> 3.8) and 9-25% at 64, where the plan took the cooperative decode;
+# the fused dispatch 1-4% and 9-26%. With 1024 pairs (4 times the shared memory, 8 registers
+# more) the same code was 1-10% slower than one warp at 1-32 tokens and slower than decode at
+# 96-128 tokens of the plain dispatch (up to +38%), so 512.
+SMALL_MAX_PAIRS = 512
+# moe_dispatch_fp8_quant only: "small_wide", small with room for this many pairs, for those
+# above SMALL_MAX_PAIRS (65-128 tokens of top-8). The cooperative decode it replaces there
+# quantized each of a token's copies with one block per SM, 10-12 µs at hidden 7168 whatever
+# the count; small_wide quantizes a token's slice once for all its copies: 7168 row-major 96
+# tokens 10.4 -> 7.5 µs, 128 tokens 10.9 -> 9.0 (same experiment).
+SMALL_WIDE_MAX_PAIRS = 1024
 # Threads per block: the redundant routing is per block, so blocks stay small.
 SMALL_BLOCK_THREADS = 128
 # Vectors (16 B on sm_90a, 32 B on sm_100a) each lane of a warp moves per unit of work: a unit

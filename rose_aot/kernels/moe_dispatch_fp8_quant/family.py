@@ -18,8 +18,11 @@ rows inside an expert follow moe_dispatch (unspecified but in the small variant;
 positions).
 
 Launch plans, workspace and variants are moe_dispatch's (small / decode / prefill), quantizing
-rows on the way. The small variant's unit is a slice of a token row (SMALL_QUANT_VECS_PER_LANE
-vectors per lane), quantized once and stored to each of the token's rows; decode and prefill
+rows on the way. The small variants' unit is a slice of a token row (SMALL_QUANT_VECS_PER_LANE
+vectors per lane), quantized once and stored to each of the token's rows; small_wide, the same
+with room for SMALL_WIDE_MAX_PAIRS pairs (128 tokens of top-8), takes the pairs above small's,
+where decode quantized each copy with one block per SM and took 10-12 µs at hidden 7168
+(moe_dispatch/tuning.py); decode and prefill
 quantize each copy, top_k times per token (recomputing is cheaper than another pass).
 """
 
@@ -32,7 +35,7 @@ from ...archs import Arch
 from ..base import choice
 from ..fp8_group_quant.family import SCALE_LAYOUTS, validate_quant
 from ..moe_dispatch.family import MoeDispatch
-from ..moe_dispatch.tuning import SMALL_QUANT_VECS_PER_LANE
+from ..moe_dispatch.tuning import SMALL_MAX_PAIRS, SMALL_QUANT_VECS_PER_LANE, SMALL_WIDE_MAX_PAIRS
 from ..rowwise import row_align
 from ..spec import Dim, TensorArg, Variant
 
@@ -59,6 +62,8 @@ class MoeDispatchFp8Quant(MoeDispatch):
     Config = MoeDispatchFp8QuantConfig
     device_module = "rose_aot.kernels.moe_dispatch_fp8_quant.device"
     shape_fields = ("num_experts", "top_k", "hidden", "expert_start", "local_experts")
+    plan_choices = ("small", "small_wide", "decode", "prefill")
+    small_variants = (("small", SMALL_MAX_PAIRS), ("small_wide", SMALL_WIDE_MAX_PAIRS))
 
     def validate(self, c: MoeDispatchFp8QuantConfig) -> None:
         self.validate_routing(c)
@@ -88,11 +93,11 @@ class MoeDispatchFp8Quant(MoeDispatch):
 
     def variants(self, c: MoeDispatchFp8QuantConfig, arch: Arch) -> tuple[Variant, ...]:
         """moe_dispatch's variants; a group is `group_lanes` consecutive lanes' vectors; the
-        small variant's units are token slices."""
+        small variants' units are token slices."""
         out = []
         for v in super().variants(c, arch):
             constants = {**v.constants, "group_lanes": c.group // v.constants["vec"]}
-            if v.name == "small":
+            if v.name in ("small", "small_wide"):
                 constants.update(token_units=True, vecs_per_lane=SMALL_QUANT_VECS_PER_LANE)
             out.append(dataclasses.replace(v, constants=constants))
         return tuple(out)
