@@ -63,8 +63,10 @@ warps-per-SM x SMs, with the warps per SM from a sweep of both shapes forced at 
   from 114688 (7168 at 128: 2.00 vs 2.25);
 - nvfp4_quant: decode won at every size while each element took 31-33 instructions; with the
   round-to-odd e2m1 and the branch-free scale (23-26) the prefill shape wins from 8192 tokens by
-  13-18% (7168 x 32768: 240 vs 279 µs) and decode at 1-128 tokens (7168 x 128: 2.47 vs 2.66;
-  H200, 2026-11-30, act_quant-block_scaled_quant-h200.md, both forced). Between 128 and 8192
+  14-19% (7168 x 32768: 227.6 vs 279.8 µs) and decode at 1-128 tokens (7168 x 128: 2.53 vs
+  2.89; H200, 2026-11-30, both forced: act_quant-block_scaled_quant-h200.md as committed in
+  ad95070, the first run with this plan; the run that chose it was not committed and the file
+  has been rewritten by later runs since). Between 128 and 8192
   tokens it took MXFP4's switch then, 100; the sweep above, after the FP4 change, measured NVFP4
   on its own: decode up to 262144 vectors (512 tokens of 4096: 3.39 vs 3.47 µs; 1024 of 2048
   level, 3.54 vs 3.51), prefill from 458752 by 3-6% (512 of 7168: 4.68 vs 5.00; 256 of 14336:
