@@ -33,9 +33,10 @@ DECODE_MAX_PAIRS_PER_SM = 8
 # dispatch-small-wide-experiment-h200.md, `bench_dispatch_fp8.py --no-peers`): the plain
 # dispatch 5-10% faster at 1-17 tokens (one token of 2048: 1.52 -> 1.37 µs), 20-33% at 32-48
 # (32 tokens of 7168: 4.8 -> 3.8) and 9-25% at 64, where the plan took the cooperative decode;
-# the fused dispatch 1-4% and 9-26%. With 1024 pairs (4 times the shared memory, 8 registers
-# more) the same code was 1-10% slower than one warp at 1-32 tokens and slower than decode at
-# 96-128 tokens of the plain dispatch (up to +38%), so 512.
+# the fused dispatch 1-4% at 1-17 tokens, 16-26% at 32-48 and 9-25% at 64. With 1024 pairs
+# (11.3 KB of shared memory per block instead of 7.2, 8 more registers in the plain dispatch)
+# the same code was 1-10% slower than one warp at 1-32 tokens, and slower than decode at 96-128
+# tokens of the plain dispatch (up to +38%), so 512.
 SMALL_MAX_PAIRS = 512
 # moe_dispatch_fp8_quant only: "small_wide", small with room for this many pairs, for those
 # above SMALL_MAX_PAIRS (65-128 tokens of top-8). The cooperative decode it replaces there

@@ -14,16 +14,16 @@ Rows past expert_offsets[-1] are not written. The quantization rule (scale = max
 / 448 per group, optionally rounded up to a power of two; codes rounded to nearest even e4m3,
 saturated; the non-finite policy) is fp8_group_quant's, bit for bit (family.py there): the
 device code is the same instructions. Expert ids, the tensor-parallel range and the order of
-rows inside an expert follow moe_dispatch (unspecified but in the small variant; compare through
+rows inside an expert follow moe_dispatch (unspecified but in the small variants; compare through
 positions).
 
 Launch plans, workspace and variants are moe_dispatch's (small / decode / prefill), quantizing
-rows on the way. The small variants' unit is a slice of a token row (SMALL_QUANT_VECS_PER_LANE
-vectors per lane), quantized once and stored to each of the token's rows; small_wide, the same
-with room for SMALL_WIDE_MAX_PAIRS pairs (128 tokens of top-8), takes the pairs above small's,
-where decode quantized each copy with one block per SM and took 10-12 µs at hidden 7168
-(moe_dispatch/tuning.py); decode and prefill
-quantize each copy, top_k times per token (recomputing is cheaper than another pass).
+rows on the way, plus "small_wide": small with room for SMALL_WIDE_MAX_PAIRS pairs (128 tokens
+of top-8), for the pairs above small's, where decode took 10-12 µs at hidden 7168 whatever the
+count (moe_dispatch/tuning.py). The small variants' unit is a slice of a token row
+(SMALL_QUANT_VECS_PER_LANE vectors per lane), quantized once and stored to each of the token's
+rows; decode and prefill quantize each copy, top_k times per token (recomputing is cheaper
+than another pass).
 """
 
 from __future__ import annotations
