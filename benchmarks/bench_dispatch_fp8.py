@@ -169,7 +169,7 @@ def main() -> None:
                      f"{u['torch_compile'] / u['fused']:.2f}x")
         lines.append(
             f"| {r['hidden']} | {r['layout']} | {r['tokens']} | {u['fused']:.2f} | "
-            f"{u['fused_small']:.2f} | {u.get('fused_small_wide', float('nan')):.2f} | "
+            f"{u['fused_small']:.2f} | {u['fused_small_wide']:.2f} | "
             f"{u['fused_decode']:.2f} | {u['fused_prefill']:.2f} | "
             f"{tbs:.2f} | {u['dispatch_then_quant']:.2f} | {u['dispatch_only']:.2f} | "
             f"{peers[0]} | {peers[1]} | {u['dispatch_then_quant'] / u['fused']:.2f}x | {peers[2]} |"
