@@ -7,8 +7,10 @@ Each LABEL=BUNDLE is opened by this checkout's loader (bundles are data: a tree'
 needs only its bundle, built with `rose-aot build` from that tree). Per shape, every bundle's
 output is checked against per-shape torch.compile's (relative error < 2^-6), then timed in
 `--rounds` rounds with the bundles in alternating order (CUDA-graph replay medians, 30 ms each),
-together with torch.compile and the first bundle's decode variant forced. Prints one line per
-shape: the median over rounds of each. The experiments behind rms_norm's cache hints
+together with torch.compile, Liger-Kernel where it is installed (`liger_rms_norm`,
+`liger_fused_add_rms_norm`) and each `--force` variant of every bundle forced (LABEL:VARIANT;
+default: the first bundle's decode variant, as `decode`). Prints one line per shape: the median
+over rounds of each. The experiments behind rms_norm's cache hints
 (benchmarks/results/norm-cache-hints-experiment-h200.md) are its output.
 """
 
@@ -44,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="timing rounds per shape")
     parser.add_argument("--fused", default="0,1", choices=["0", "1", "0,1"], metavar="0|1|0,1",
                         help="plain (0), fused residual (1) or both")
+    parser.add_argument("--force", default="", metavar="VARIANT,...",
+                        help="variants to time forced in every bundle, as LABEL:VARIANT "
+                             "(default: the first bundle's decode variant only, as 'decode')")
     args = parser.parse_args(argv)
     labels = [label for label, _ in args.bundles]
     if len(set(labels)) != len(labels):
@@ -51,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     fused = {bool(int(f)) for f in args.fused.split(",")}
+    args.force = [v for v in args.force.split(",") if v]
+    if any(v not in ("decode", "prefill") for v in args.force):
+        parser.error(f"--force takes rms_norm's variants, decode and prefill (got {args.force})")
     for label, path in args.bundles:
         lacking = missing_points(path, args.hidden, fused)
         if lacking:
@@ -87,6 +95,14 @@ def main(argv=None) -> None:
         bundles[label].preload()
     compiled = compile_per_shape(rms_norm_torch)
     compiled_fused = compile_per_shape(fused_rms_norm_torch)
+    try:
+        from liger_kernel.transformers.functional import liger_fused_add_rms_norm, liger_rms_norm
+    except ImportError:
+        liger_rms_norm = liger_fused_add_rms_norm = None
+        print("liger_kernel is not installed: no Liger column", flush=True)
+    # (column, bundle label, variant): every bundle's forced variants, or the first's decode
+    forced = ([(f"{label}:{v}", label, v) for label in bundles for v in args.force]
+              if args.force else [("decode", next(iter(bundles)), "decode")])
     for fused in [bool(int(f)) for f in args.fused.split(",")]:
         for h in args.hidden:
             handles = {k: b.kernel("rms_norm", hidden=h, eps=EPS, fused_residual=fused)
@@ -107,17 +123,20 @@ def main(argv=None) -> None:
                     handle(*((x, r.clone(), w, o) if fused else (x, w, o)))
                     err = ((o.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                     assert err < 2**-6, (k, h, t, err)
-                times = {k: [] for k in ["compile", *handles, "decode"]}
-                peer = compiled_fused if fused else compiled
-                first = next(iter(handles.values()))
+                peers = {"compile": (lambda: compiled_fused(*call)) if fused
+                         else (lambda: compiled(*call))}
+                if liger_rms_norm is not None:
+                    # out of place, like the kernels timed (the residual sum is returned)
+                    peers["liger"] = ((lambda: liger_fused_add_rms_norm(x, r, w, EPS, in_place=False))
+                                      if fused else (lambda: liger_rms_norm(x, w, EPS, in_place=False)))
+                runs = {**peers, **{k: (lambda h=h: h(*call)) for k, h in handles.items()},
+                        **{col: (lambda h=handles[label], v=v: h(*call, variant=v))
+                           for col, label, v in forced}}
+                times = {k: [] for k in runs}
                 for rnd in range(args.rounds):
-                    order = list(handles) if rnd % 2 == 0 else list(handles)[::-1]
-                    times["compile"].append(bench_us(lambda: peer(*call), rep_ms=30))
+                    order = list(runs) if rnd % 2 == 0 else list(runs)[::-1]
                     for k in order:
-                        handle = handles[k]
-                        times[k].append(bench_us(lambda: handle(*call), rep_ms=30))
-                    times["decode"].append(
-                        bench_us(lambda: first(*call, variant="decode"), rep_ms=30))
+                        times[k].append(bench_us(runs[k], rep_ms=30))
                 line = " ".join(f"{k}={statistics.median(v):8.2f}" for k, v in times.items())
                 print(f"fused={int(fused)} h={h:5d} T={t:6d} {line}", flush=True)
 

@@ -541,7 +541,13 @@ def test_every_sampled_bit_flip_is_rejected(shipped_build, tmp_path):
         assert result.exit_code == 1 and "Error:" in result.output, f"{what}: {result.output}"
         # A load of the artifact (the cubin; the PTX with use_ptx) refuses it, unless the flip
         # left what the frame decompresses to unchanged (then the load gets the right bytes).
-        bundle = open_bundle(path, use_ptx=name.endswith(".ptx"))
+        # A flip in the frame's header (4 magic bytes, at most 14 of descriptor) is refused
+        # already at open, which checks every frame's header.
+        try:
+            bundle = open_bundle(path, use_ptx=name.endswith(".ptx"))
+        except BundleError as exc:
+            assert offset - start < 18 and str(path) in str(exc), (what, offset - start, exc)
+            continue
         try:
             bundle.check_artifacts()
         except BundleError as exc:

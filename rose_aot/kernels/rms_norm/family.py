@@ -124,6 +124,7 @@ class RmsNorm(KernelFamily):
                 "vec": vec,
                 "decode_row_warps": tuning.DECODE_ROW_WARPS,
                 "decode_warps_per_sm": tuning.DECODE_WARPS_PER_SM,
+                "prefill_min_bytes": tuning.PREFILL_MIN_BYTES,
                 "reload_x": reload_x,
                 "cache_hints": cache_hints,
             }
@@ -157,8 +158,20 @@ class RmsNorm(KernelFamily):
         tokens = sizes["tokens"]
         decode = variants["decode"].constants
         row_warps = decode["warps_per_row"]
+        # Where the prefill block is the decode block (one row; rows of at least the prefill
+        # block's warps), it differs by its cache hints, which pay only on very large calls.
+        hinted_decode = variants["prefill"].constants["rows_per_block"] == 1
+        huge = tokens * self.bytes_per_token(c) >= decode["prefill_min_bytes"]
         use_decode = (  # measured rule, see tuning.py
-            row_warps <= decode["decode_row_warps"]
+            (row_warps <= decode["decode_row_warps"] and not (hinted_decode and huge))
             or tokens * row_warps <= sm_count * decode["decode_warps_per_sm"]
         )
         return row_plan(variants, tokens, force, use_decode)
+
+    @staticmethod
+    def bytes_per_token(c: RmsNormConfig) -> int:
+        """Bytes a call moves per token: the row read and the output written, and with the
+        fused residual the residual read and written too (the weight is left out)."""
+        rows_in_dtype = 3 if c.fused_residual else 1  # x (residual read, residual sum written)
+        bits = DTYPES[c.dtype].bits * rows_in_dtype + DTYPES[c.out_dtype].bits
+        return c.hidden * bits // 8

@@ -8,26 +8,36 @@ measurement of their own use sm_90a's.
 
 from __future__ import annotations
 
-__all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM"]
+__all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES"]
 
 # Warps per block of the prefill variant: 4 and 8 tie (1616.0 vs 1616.1 µs summed over the six
 # shapes at 8192 and 32768 tokens); 16 and 32 are slower.
 PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 
 # rms_norm keeps one row per block (its decode variant) when the row needs at most
-# DECODE_ROW_WARPS warps (hidden <= 4096 in bf16: decode was never slower than any prefill
-# shape at any token count, within 1%), or while its grid has at most DECODE_WARPS_PER_SM warps
-# per SM (hidden 7168: prefill wins from 512 tokens, 4.09 vs 4.33 µs).
-# These were measured with the earlier prefill shape (8 vectors per thread, no cache hints);
-# the prefill variant of 2026-12-01 (2 vectors, hints, x read twice) has not been swept: the
-# norms tables of that day show it level with or ahead of torch.compile from 1024 tokens at
-# hidden 5120-8192 except 6144 and 8192 at 1024 tokens (0.93-0.94x; norms-wide-joined-h200.md). At
-# 512-1024 tokens of 6144-8192 it was 3-9% behind in three of four A/B runs; the decode variant
-# and eight other prefill shapes and load orders were forced there and none was better across
-# token counts (benchmarks/results/norm-mid-tokens-experiment-h200.md), nor the prefill variant
-# for rows of <= 8 warps at hidden 2048-4096.
+# DECODE_ROW_WARPS warps (hidden <= 4096 in bf16), or while its grid has at most
+# DECODE_WARPS_PER_SM warps per SM (hidden 7168: prefill wins from 512 tokens, 4.09 vs 4.33 µs).
+# These were measured with the earlier prefill shape (8 vectors per thread, no cache hints),
+# against which decode was never slower for rows of <= 8 warps, within 1%. The prefill variant
+# of 2026-12-01 (2 vectors, hints, x read twice) is level with or ahead of torch.compile from
+# 1024 tokens at hidden 5120-8192 except 6144 and 8192 at 1024 tokens (0.93-0.94x;
+# norms-wide-joined-h200.md). At 512-1024 tokens of 6144-8192 it was 3-9% behind in three of
+# four A/B runs; the decode variant and eight other prefill shapes and load orders were forced
+# there and none was better across token counts
+# (benchmarks/results/norm-mid-tokens-experiment-h200.md).
 DECODE_ROW_WARPS = 8
 DECODE_WARPS_PER_SM = 32
+# Rows of 4-8 warps (hidden 2048-4096 in bf16) take the prefill variant all the same from this
+# many bytes moved per call (rows read and written, residual included; bytes_per_token): there
+# the prefill block is the decode block, one row, with the cache hints, and the hints won once
+# a call moved about 9x the H200's L2. Forced side by side
+# (benchmarks/results/norm-narrow-hints-experiment-h200.md, bf16, hidden 2048-4096, 8192-65536
+# tokens): prefill lost 1-5% at up to 403 MB (plain 2048 x 8192: 17.53 vs 16.90 µs; plain 3072
+# x 32768: 95.6 vs 95.0; fused 3072 x 16384: 95.9 vs 95.2) and won 1-4% from 470 MB (plain
+# 3584 x 32768: 111.1 vs 112.5; fused 4096 x 16384: 127.8 vs 129.3; fused 4096 x 65536: 504.4
+# vs 526.0, where Liger took 521.4), but for fused 3584 x 16384 (470 MB: 111.4 vs 111.1) and
+# fused 2048 x 32768 (537 MB, level). 448 MiB is those 470 MB.
+PREFILL_MIN_BYTES = 448 << 20
 
 
 def prefill_warps(arch: str, override: int = 0) -> int:
