@@ -13,6 +13,10 @@ the processes so that a drift of the machine touches each alike:
                   context-independent libraries (cuLibraryLoadData, cuLibraryGetKernel,
                   cuKernelGetFunction: driver_ms), the loader's calls before 2026-11-30
   module          the same with the loader's calls now: cuModuleLoadData, cuModuleGetFunction
+  module_threads2, module_threads4
+                  `module` with the driver calls spread over 2 / 4 threads (each its share of
+                  the variants, in turn; the context made current in each): does the driver
+                  load modules in parallel?
   breakdown       open_bundle and preload(0, threads=1) with a timer around each phase (reading
                   the file, decoding the index JSON, the blob table and frame headers, checking
                   the points' records and plans, decompressing + hashing artifacts, checking
@@ -37,7 +41,8 @@ import statistics
 import subprocess
 import sys
 
-WAYS = ("preload", "preload_serial", "library", "module", "breakdown", "cpu_breakdown")
+WAYS = ("preload", "preload_serial", "library", "module", "module_threads2", "module_threads4",
+        "breakdown", "cpu_breakdown")
 # breakdown's phases: (name, module, attribute) of the function timed, in the order they run
 PHASES = (
     ("read", "rose_aot.bundle.format", "_read_file"),
@@ -106,6 +111,29 @@ elif way in ("preload_serial", "breakdown"):
     bundle.preload(0, threads=1)
 elif way == "cpu_breakdown":
     bundle.check_artifacts("sm_90a")  # what a preload verifies, without the driver
+elif way.startswith("module_threads"):
+    import threading
+    images = [bundle.verified_image(*t) for t in tasks]
+    tv = time.perf_counter()
+    out["verify_ms"] = (tv - t2) * 1e3
+    count = int(way[len("module_threads"):])
+    loaded = [None] * len(tasks)
+
+    def load_share(first):
+        driver.make_primary_context_current(0)
+        for i in range(first, len(tasks), count):
+            mod = driver.check(cu.cuModuleLoadData(images[i]), "cuModuleLoadData")
+            loaded[i] = [driver.check(cu.cuModuleGetFunction(mod, e.encode()), "function")
+                         for e in entries(tasks[i])]
+
+    workers = [threading.Thread(target=load_share, args=(n,)) for n in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert all(f is not None for f in loaded), "a loader thread failed"
+    keep.append(loaded)
+    out["driver_ms"] = (time.perf_counter() - tv) * 1e3
 elif way in ("library", "module"):
     images = [bundle.verified_image(*t) for t in tasks]
     tv = time.perf_counter()
