@@ -92,6 +92,21 @@ def bench_qk_norm(bundle, tokens_list, rows):
             rows.append(_measure("qk_norm", f"{hq}/{hk}/{d}", t, nbytes, impls))
 
 
+def rms_norm_inputs(t: int, h: int, fused: bool) -> tuple:
+    """x, residual, weight, out and the float64 reference of one rms_norm shape (bf16, seeded
+    by the shape; the reference of the fused form normalizes the residual sum rounded to bf16)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(t + h)
+    x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    r = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = (1 + 0.1 * torch.randn(h, device="cuda", generator=gen)).bfloat16()
+    out = torch.empty_like(x)
+    base = (x.double() + r.double()).bfloat16().double() if fused else x.double()
+    ref = base * torch.rsqrt(base.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+    return x, r, w, out, ref
+
+
 def bench_rms_norm(bundle, tokens_list, rows, hiddens=HIDDENS):
     import torch
     from liger_kernel.transformers.functional import liger_fused_add_rms_norm, liger_rms_norm
@@ -102,13 +117,7 @@ def bench_rms_norm(bundle, tokens_list, rows, hiddens=HIDDENS):
         for h in hiddens:
             ours = bundle.kernel("rms_norm", hidden=h, eps=EPS, fused_residual=fused)
             for t in tokens_list:
-                gen = torch.Generator(device="cuda").manual_seed(t + h)
-                x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
-                r = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
-                w = (1 + 0.1 * torch.randn(h, device="cuda", generator=gen)).bfloat16()
-                out = torch.empty_like(x)
-                base = (x.double() + r.double()).bfloat16().double() if fused else x.double()
-                ref = base * torch.rsqrt(base.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+                x, r, w, out, ref = rms_norm_inputs(t, h, fused)
                 o = torch.full_like(x, float("nan"))
                 if fused:
                     ours(x, r.clone(), w, o)

@@ -18,7 +18,7 @@ if len(sys.argv) != 2 or not os.path.isfile(sys.argv[1]):
 sys.path.insert(0, os.path.dirname(__file__))
 
 import torch  # noqa: E402
-from bench_norms import EPS  # noqa: E402
+from bench_norms import EPS, rms_norm_inputs  # noqa: E402
 from common import bench_us  # noqa: E402
 from liger_kernel.transformers.functional import liger_fused_add_rms_norm, liger_rms_norm  # noqa: E402
 
@@ -29,14 +29,8 @@ for fused in (False, True):
     for h in (2048, 4096):
         t = 8192
         ours = b.kernel("rms_norm", hidden=h, eps=EPS, fused_residual=fused)
-        gen = torch.Generator(device="cuda").manual_seed(t + h)
-        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
-        r = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = (1 + 0.1 * torch.randn(h, device="cuda", generator=gen)).bfloat16()
-        out = torch.empty_like(x)
-        base = (x.double() + r.double()).bfloat16().double() if fused else x.double()
-        ref = base * torch.rsqrt(base.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
-        o = torch.full_like(x, float("nan"))
+        x, r, w, out, ref = rms_norm_inputs(t, h, fused)  # bench_norms' own, reference alive
+        o = torch.full_like(x, float("nan"))  # bench_norms' checked output, kept as there  # noqa: F841
         if fused:
             rose = lambda: ours(x, r, w, out)
             lig = lambda: liger_fused_add_rms_norm(x, r, w, EPS, in_place=False)
@@ -47,7 +41,7 @@ for fused in (False, True):
         for k in range(3):
             seq.append(("rose", bench_us(rose)))
             seq.append(("liger", bench_us(lig)))
-        del base, ref
+        del ref
         out2 = torch.empty_like(x)
         rose2 = (lambda: ours(x, r, w, out2)) if fused else (lambda: ours(x, w, out2))
         seq.append(("rose_out2", bench_us(rose2)))

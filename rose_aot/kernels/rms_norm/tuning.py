@@ -36,7 +36,7 @@ DECODE_WARPS_PER_SM = 32
 # x 32768: 95.6 vs 95.0; fused 3072 x 16384: 95.9 vs 95.2) and won 1-4% from 470 MB (plain
 # 3584 x 32768: 111.1 vs 112.5; fused 4096 x 16384: 127.8 vs 129.3; fused 4096 x 65536: 504.4
 # vs 526.0, where Liger took 521.4), but for fused 3584 x 16384 (470 MB: 111.4 vs 111.1) and
-# fused 2048 x 32768 (537 MB, level). 448 MiB is those 470 MB.
+# fused 2048 x 32768 (537 MB: level, or decode 0.6% ahead). 448 MiB is those 470 MB.
 PREFILL_MIN_BYTES = 448 << 20
 
 
