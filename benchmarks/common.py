@@ -81,10 +81,31 @@ def bundle_points(path: str) -> tuple[list[dict], str]:
         return [], f"not a readable bundle ({exc})"
 
 
-def bench_us(fn, rep_ms: int = 60) -> float:
-    """Median GPU time of one call in µs, replayed in a CUDA graph (triton's do_bench_cudagraph)."""
+def reset_l2_priorities() -> None:
+    """Return every L2 line that an earlier kernel kept with an evict_last hint (PTX createpolicy,
+    Triton's eviction_policy="evict_last", rose-aot's hinted variants) to normal priority
+    (cuCtxResetPersistingL2Cache). Such lines outlive the kernel that marked them: on the H200 one
+    call of rms_norm's hinted variant on the same tensors made every later kernel on them 4-7%
+    faster at 8192 tokens of hidden 2048-4096, rose-aot's and Liger's alike (2048 plain: 17.98 ->
+    17.26 µs, Liger 19.66 -> 18.24; benchmarks/results/norm-narrow-hints-call8-probe-h200.log),
+    so without the reset a figure depended on which peer ran before it."""
+    import torch
+    from rose_aot.loader import driver
+
+    torch.cuda.synchronize()
+    driver.make_primary_context_current(torch.cuda.current_device())
+    cu = driver.driver()
+    driver.check(cu.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
+
+
+def bench_us(fn, rep_ms: int = 60, reset_l2: bool = True) -> float:
+    """Median GPU time of one call in µs, replayed in a CUDA graph (triton's do_bench_cudagraph).
+    With `reset_l2` (the default), from an L2 whose lines no earlier kernel kept with an
+    evict_last hint (reset_l2_priorities): the kernel's own hints count, its predecessors' not."""
     import triton.testing
 
+    if reset_l2:
+        reset_l2_priorities()
     return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
 
 

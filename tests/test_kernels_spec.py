@@ -336,13 +336,13 @@ def test_plan_switches_once_from_decode_to_prefill(family_name, values, arch_nam
 
 # (config values, the first token count planned as prefill on sm_90a; None: decode throughout)
 RMS_NORM_SWITCHES = [
-    # rows of 8 warps: 448 MiB moved from 28672 tokens of 4096 (plain: 16 KiB per token)
-    (dict(hidden=4096), 28672),
-    (dict(hidden=4096, fused_residual=True), 14336),  # 32 KiB per token
-    (dict(hidden=3584), 32768),  # 7 warps; 3584 * 32768 * 4 bytes is exactly 448 MiB
-    (dict(hidden=2048), 57344),  # 4 warps: one row per prefill block too
-    # a float32 output: 6 bytes per element, 448 MiB from 38229.3 tokens of 2048
-    (dict(hidden=2048, out_dtype="float32"), 38230),
+    # rows of 8 warps: 32 MiB moved from 2048 tokens of 4096 (plain: 16 KiB per token)
+    (dict(hidden=4096), 2048),
+    (dict(hidden=4096, fused_residual=True), 1024),  # 32 KiB per token
+    (dict(hidden=3584), 2341),  # 7 warps, 14 KiB per token: 32 MiB from 2340.6 tokens
+    (dict(hidden=2048), 4096),  # 4 warps: one row per prefill block too
+    # a float32 output: 6 bytes per element, 32 MiB from 2730.7 tokens of 2048
+    (dict(hidden=2048, out_dtype="float32"), 2731),
     # 2 warps: the prefill block holds 2 rows, a shape of its own: decode at any size
     (dict(hidden=1024), None),
     # 16 warps: the grid rule alone, as before (132 SMs x 32 warps / 16 warps per row)
@@ -353,10 +353,10 @@ RMS_NORM_SWITCHES = [
 @pytest.mark.parametrize("values,switch", RMS_NORM_SWITCHES,
                          ids=["-".join(f"{k}{v}" for k, v in vals.items())
                               for vals, _ in RMS_NORM_SWITCHES])
-def test_rms_norm_takes_the_hinted_block_only_for_calls_of_448_mib(values, switch):
-    """Rows of 4-8 warps stay on the decode variant up to PREFILL_MIN_BYTES moved per call,
-    counted from the config's dtypes and residual; then the prefill variant, the same one-row
-    block with cache hints. Rows whose prefill block packs several rows are not moved."""
+def test_rms_norm_takes_the_hinted_block_from_32_mib_per_call(values, switch):
+    """Rows of 4-8 warps stay on the decode variant below PREFILL_MIN_BYTES (32 MiB) moved per
+    call, counted from the config's dtypes and residual; then the prefill variant, the same
+    one-row block with cache hints. Rows whose prefill block packs several rows are not moved."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
@@ -364,7 +364,7 @@ def test_rms_norm_takes_the_hinted_block_only_for_calls_of_448_mib(values, switc
     if switch is not None and switch > 265:
         assert _variants(family, config, arch)["prefill"].constants["rows_per_block"] == 1
         moved = switch * family.bytes_per_token(config)
-        assert moved >= 448 << 20 > (switch - 1) * family.bytes_per_token(config)
+        assert moved >= 32 << 20 > (switch - 1) * family.bytes_per_token(config)
 
 
 @pytest.mark.parametrize("family_name", PLAN_FAMILIES)

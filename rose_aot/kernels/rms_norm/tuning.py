@@ -29,15 +29,19 @@ DECODE_ROW_WARPS = 8
 DECODE_WARPS_PER_SM = 32
 # Rows of 4-8 warps (hidden 2048-4096 in bf16) take the prefill variant all the same from this
 # many bytes moved per call (rows read and written, residual included; bytes_per_token): there
-# the prefill block is the decode block, one row, with the cache hints, and the hints won once
-# a call moved about 9x the H200's L2. Forced side by side
-# (benchmarks/results/norm-narrow-hints-experiment-h200.md, bf16, hidden 2048-4096, 8192-65536
-# tokens): prefill lost 1-5% at up to 403 MB (plain 2048 x 8192: 17.53 vs 16.90 µs; plain 3072
-# x 32768: 95.6 vs 95.0; fused 3072 x 16384: 95.9 vs 95.2) and won 1-4% from 470 MB (plain
-# 3584 x 32768: 111.1 vs 112.5; fused 4096 x 16384: 127.8 vs 129.3; fused 4096 x 65536: 504.4
-# vs 526.0, where Liger took 521.4), but for fused 3584 x 16384 (470 MB: 111.4 vs 111.1) and
-# fused 2048 x 32768 (537 MB: level, or decode 0.6% ahead). 448 MiB is those 470 MB.
-PREFILL_MIN_BYTES = 448 << 20
+# the prefill block is the decode block, one row, with the cache hints. Both forced side by
+# side, every timing from an L2 without lines an earlier kernel kept at evict_last
+# (benchmarks/common.reset_l2_priorities; benchmarks/results/norm-narrow-hints-experiment-h200.md,
+# calls 9-10, bf16, hidden 2048-4096, 512-65536 tokens): decode won 2-5% up to 12.6 MB
+# (512-1024 tokens; plain 2048 x 1024: 2.83 vs 2.89 µs); from 16.8 to 50 MB the two were within
+# 2% either way (plain 4096 x 2048: decode 6.87 vs 6.93; plain 3072 x 2048: prefill 5.43 vs
+# 5.54) but for plain 2048 x 4096 (34 MB: prefill 6.67 vs 6.93); prefill won 1-5% from 67 MB on
+# (plain 4096 x 4096: 17.38 vs 18.31; fused 4096 x 2048: 15.43 vs 16.05; fused 4096 x 65536:
+# 507.2 vs 532.4, Liger 524.0). 32 MiB (33.5 MB) is where prefill's gains at plain 2048 x 4096
+# and fused 4096 x 1024 begin. (The first runs of that experiment put the switch at 448 MiB:
+# their decode figures came after hinted kernels had run on the same tensors and gained 4-7%
+# from the lines those left in L2.)
+PREFILL_MIN_BYTES = 32 << 20
 
 
 def prefill_warps(arch: str, override: int = 0) -> int:
