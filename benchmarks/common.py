@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 
 
 def multigpu_common():
@@ -81,6 +82,10 @@ def bundle_points(path: str) -> tuple[list[dict], str]:
         return [], f"not a readable bundle ({exc})"
 
 
+# Set once cuCtxResetPersistingL2Cache reports that the GPU has no L2 persistence to reset.
+_L2_RESET_UNSUPPORTED = False
+
+
 def reset_l2_priorities() -> None:
     """Return every L2 line that an earlier kernel kept with an evict_last hint (PTX createpolicy,
     Triton's eviction_policy="evict_last", rose-aot's hinted variants) to normal priority
@@ -92,10 +97,19 @@ def reset_l2_priorities() -> None:
     import torch
     from rose_aot.loader import driver
 
+    global _L2_RESET_UNSUPPORTED
+    if _L2_RESET_UNSUPPORTED:
+        return
     torch.cuda.synchronize()
     driver.make_primary_context_current(torch.cuda.current_device())
     cu = driver.driver()
-    driver.check(cu.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
+    result = cu.cuCtxResetPersistingL2Cache()
+    if result[0] == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED:  # a GPU without L2 persistence
+        _L2_RESET_UNSUPPORTED = True
+        print("benchmarks: this GPU does not support cuCtxResetPersistingL2Cache; timings "
+              "start from the L2 as earlier kernels left it", file=sys.stderr, flush=True)
+        return
+    driver.check(result, "cuCtxResetPersistingL2Cache")
 
 
 def bench_us(fn, rep_ms: int = 60, reset_l2: bool = True) -> float:
