@@ -345,7 +345,14 @@ RMS_NORM_SWITCHES = [
     (dict(hidden=2048, out_dtype="float32"), 2731),
     # 2 warps: the prefill block holds 2 rows, a shape of its own: decode at any size
     (dict(hidden=1024), None),
-    # 16 warps: the grid rule alone, as before (132 SMs x 32 warps / 16 warps per row)
+    # 10 and 12 warps: 32 MiB from 1638.4 tokens of 5120 (20 KiB per token), 1365.3 of 6144;
+    # fused 40 and 48 KiB per token (the grid rule alone switched at 423 and 353)
+    (dict(hidden=5120), 1639),
+    (dict(hidden=6144), 1366),
+    (dict(hidden=5120, fused_residual=True), 820),
+    (dict(hidden=6144, fused_residual=True), 683),
+    # 14 and 16 warps: the grid rule alone (132 SMs x 32 warps / warps per row)
+    (dict(hidden=7168), 302),
     (dict(hidden=8192), 265),
 ]
 
@@ -354,14 +361,15 @@ RMS_NORM_SWITCHES = [
                          ids=["-".join(f"{k}{v}" for k, v in vals.items())
                               for vals, _ in RMS_NORM_SWITCHES])
 def test_rms_norm_takes_the_hinted_block_from_32_mib_per_call(values, switch):
-    """Rows of 4-8 warps stay on the decode variant below PREFILL_MIN_BYTES (32 MiB) moved per
+    """Rows of 4-12 warps stay on the decode variant below PREFILL_MIN_BYTES (32 MiB) moved per
     call, counted from the config's dtypes and residual; then the prefill variant, the same
     one-row block with cache hints. Rows whose prefill block packs several rows are not moved."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
     assert _switch_point(family, config, arch) == switch
-    if switch is not None and switch > 265:
+    decode = _variants(family, config, arch)["decode"].constants
+    if switch is not None and decode["warps_per_row"] <= 12:
         assert _variants(family, config, arch)["prefill"].constants["rows_per_block"] == 1
         moved = switch * family.bytes_per_token(config)
         assert moved >= 32 << 20 > (switch - 1) * family.bytes_per_token(config)

@@ -22,8 +22,14 @@ from ...errors import ConfigError
 from ..base import KernelFamily, choice
 from ..chunked_rows import bulk_variant, chunk_split, chunked_plan
 from ..rowwise import access_bytes, vector_width
-from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
-from .tuning import DECODE_MAX_VECS, DECODE_THREADS, PREFILL_MAX_VECS, PREFILL_THREADS
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
+from .tuning import (
+    ACT_AND_MUL_PDL_MAX_THREADS,
+    DECODE_MAX_VECS,
+    DECODE_THREADS,
+    PREFILL_MAX_VECS,
+    PREFILL_THREADS,
+)
 
 __all__ = ["ActAndMulConfig", "ActAndMul", "ACTIVATIONS"]
 
@@ -96,7 +102,7 @@ class ActAndMul(KernelFamily):
                     (split.threads, 1, 1),
                     params=params,
                     constants={**split.constants(), "vec": vec},
-                    pdl=PDL_MAX_THREADS if name == "decode" else 0,
+                    pdl=ACT_AND_MUL_PDL_MAX_THREADS if name == "decode" else 0,
                 )
             )
         return (*out, bulk_variant(out[0]))

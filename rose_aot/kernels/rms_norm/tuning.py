@@ -15,8 +15,9 @@ __all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_
 PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 
 # rms_norm keeps one row per block (its decode variant) when the row needs at most
-# DECODE_ROW_WARPS warps (hidden <= 4096 in bf16), or while its grid has at most
-# DECODE_WARPS_PER_SM warps per SM (hidden 7168: prefill wins from 512 tokens, 4.09 vs 4.33 µs).
+# DECODE_ROW_WARPS warps (hidden <= 6144 in bf16) and the call moves less than PREFILL_MIN_BYTES
+# (below), or while its grid has at most DECODE_WARPS_PER_SM warps per SM (hidden 7168: prefill
+# wins from 512 tokens, 4.09 vs 4.33 µs).
 # These were measured with the earlier prefill shape (8 vectors per thread, no cache hints),
 # against which decode was never slower for rows of <= 8 warps, within 1%. The prefill variant
 # of 2026-12-01 (2 vectors, hints, x read twice) is level with or ahead of torch.compile from
@@ -25,9 +26,20 @@ PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 # four A/B runs; the decode variant and eight other prefill shapes and load orders were forced
 # there and none was better across token counts
 # (benchmarks/results/norm-mid-tokens-experiment-h200.md).
-DECODE_ROW_WARPS = 8
+# DECODE_ROW_WARPS was 8 until the wide rows were timed from a reset L2 as well (one H200,
+# 2026-12-01, `python benchmarks/ab_norms.py wide=build/bench-norms-wide.rosebundle --hidden
+# 5120,6144,8192 --tokens 256,512,1024,2048,4096 --fused 0,1 --rounds 2 --force decode,prefill`,
+# benchmarks/results/norm-wide-rows-reset-ab-h200.log): plain rows of 10 and 12 warps (hidden
+# 5120, 6144) ran 2-5% faster on the decode variant at 512-1024 tokens (5120 x 1024: 4.94 vs
+# 5.21 µs; 6144 x 512: 3.50 vs 3.69), prefill 1-4% faster from 2048 (40-48 MiB; 6144 x 2048:
+# 13.48 vs 14.07), the 32 MiB rule again; fused rows of 10-12 warps level (within 1%) at 512-1024.
+# At 16 warps (hidden 8192) decode was 5-8% slower from 512 tokens (16 MiB; 8192 x 1024: 7.67
+# vs 7.21), so those rows keep the grid rule alone. (The earlier A/B without the reset found the
+# same at 5120-6144 for a prefill block keeping x in registers: norm-mid-tokens-experiment-h200.md,
+# "nr".)
+DECODE_ROW_WARPS = 12
 DECODE_WARPS_PER_SM = 32
-# Rows of 4-8 warps (hidden 2048-4096 in bf16) take the prefill variant all the same from this
+# Rows of 4-12 warps (hidden 2048-6144 in bf16) take the prefill variant all the same from this
 # many bytes moved per call (rows read and written, residual included; bytes_per_token): there
 # the prefill block is the decode block, one row, with the cache hints. Both forced side by
 # side, every timing from an L2 without lines an earlier kernel kept at evict_last
