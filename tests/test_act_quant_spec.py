@@ -242,7 +242,8 @@ def test_act_and_mul_keeps_pdl_up_to_8192_threads(d, tokens, variant):
     assert variants["decode"].pdl == 8192
     fused, cf = _point("act_and_mul_fp8_quant", d=2048)
     fv = {v.name: v for v in fused.variants(cf, a)}
-    assert fv["decode"].pdl == 2048 and fused.plan(cf, fv, {"tokens": 16}, a.sm_count)[0].variant == "bulk"
+    assert fv["decode"].pdl == 2048
+    assert fused.plan(cf, fv, {"tokens": 16}, a.sm_count)[0].variant == "bulk"
 
 
 @pytest.mark.parametrize("family,width", [("act_and_mul", "d"), ("act_and_mul_fp8_quant", "d")])

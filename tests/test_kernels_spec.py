@@ -369,7 +369,7 @@ def test_rms_norm_takes_the_hinted_block_from_32_mib_per_call(values, switch):
     arch = get_arch("sm_90a")
     assert _switch_point(family, config, arch) == switch
     decode = _variants(family, config, arch)["decode"].constants
-    if switch is not None and decode["warps_per_row"] <= 12:
+    if switch is not None and decode["warps_per_row"] <= decode["decode_row_warps"] == 12:
         assert _variants(family, config, arch)["prefill"].constants["rows_per_block"] == 1
         moved = switch * family.bytes_per_token(config)
         assert moved >= 32 << 20 > (switch - 1) * family.bytes_per_token(config)

@@ -118,22 +118,23 @@ __all__ = ["DECODE_THREADS", "DECODE_MAX_VECS", "PREFILL_THREADS", "PREFILL_MAX_
            "ACT_AND_MUL_PDL_MAX_THREADS"]
 
 DECODE_THREADS = 128
+DECODE_MAX_VECS = 1
+PREFILL_THREADS = 256
+PREFILL_MAX_VECS = 4
 # act_and_mul's decode launches use programmatic dependent launch up to this many threads (64
 # blocks of 128: 16 tokens of d 4096, 32 of 2048), beyond the 2048 of spec.PDL_MAX_THREADS,
 # which was measured on the norms. The decode variant with a 32768-thread limit against the same
 # cubin with 2048 (so `bulk` from 2048), alternating twice in one call (one H200, 2026-12-01,
 # `bench_act_quant.py BUNDLE --family act_and_mul --no-peers --tokens 16,64,128` per bundle,
 # every timing from a reset L2; benchmarks/results/act-pdl-experiment-h200.md): at 16 tokens of d
-# 2048-4096 (4096-8192 threads) 0.75-0.78 instead of 1.28-1.32 µs, SiLU and GELU-tanh, in both
-# rounds and with the variant forced; at 16 tokens of d 7168 (14336 threads) 0.79-0.98 in the
-# plan column but 1.68-1.72 forced in the same rows, and 1.57 (SiLU) in the table run after the
-# limit was set to 14336 (its bulk: 1.35): the early-launched grid then sometimes waits behind
-# its predecessor for the SMs; from 16384 threads slower or erratic (GELU-tanh 2048 x 64: 2.09
-# vs 1.40; 14336 x 16, 28672 threads: 1.75 vs 1.45; 2048 x 128: 1.83 vs 1.49).
+# 2048-4096 (4096-8192 threads) 0.72-0.78 instead of 1.28-1.32 µs, SiLU and GELU-tanh, in both
+# rounds and with the variant forced; at 16 tokens of d 7168 (14336 threads) SiLU 0.79-0.80
+# but GELU-tanh 0.92-0.98 in the plan column and 1.68-1.72 forced in the same rows, and in the
+# table run after the limit was set to 14336, SiLU 1.57 (forced 1.28; its bulk: 1.35): the
+# early-launched grid then sometimes waits behind its predecessor for the SMs; from 16384
+# threads slower or erratic (GELU-tanh 2048 x 64: 2.09 vs 1.40; 14336 x 16, 28672 threads: 1.75
+# vs 1.45; 2048 x 128: 1.83 vs 1.49).
 ACT_AND_MUL_PDL_MAX_THREADS = 8192
-DECODE_MAX_VECS = 1
-PREFILL_THREADS = 256
-PREFILL_MAX_VECS = 4
 # fp8_group_quant's prefill shape for rows of at most NARROW_ROW_VECTORS vectors (see above)
 NARROW_ROW_VECTORS = 256
 NARROW_PREFILL_THREADS = 128
