@@ -95,9 +95,10 @@ class MoeDispatchFp8Quant(MoeDispatch):
         """moe_dispatch's variants; a group is `group_lanes` consecutive lanes' vectors; the
         small variants' units are token slices."""
         out = []
+        small = {name for name, _ in self.small_variants}
         for v in super().variants(c, arch):
             constants = {**v.constants, "group_lanes": c.group // v.constants["vec"]}
-            if v.name in ("small", "small_wide"):
+            if v.name in small:
                 constants.update(token_units=True, vecs_per_lane=SMALL_QUANT_VECS_PER_LANE)
             out.append(dataclasses.replace(v, constants=constants))
         return tuple(out)
