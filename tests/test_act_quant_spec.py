@@ -118,8 +118,11 @@ def test_act_and_mul_args_and_variants(arch):
     assert x.shape == (Dim("tokens"), 14336) and out.shape == (Dim("tokens"), 7168)
     assert x.stride[0].divisibility == vec and x.stride[1] == 1 and x.align == 2 * vec
     assert (x.role, out.role) == ("input", "output")
-    decode, prefill, bulk = fam.variants(c, a)
+    decode, prefill, mid, bulk = fam.variants(c, a)
     assert bulk == dataclasses.replace(decode, name="bulk", pdl=0) and decode.pdl > 0
+    late = {**decode.constants, "pdl_late": 1}
+    assert mid == dataclasses.replace(decode, name="mid", pdl=mid.pdl, constants=late)
+    assert mid.pdl > decode.pdl
     for v in (decode, prefill):
         k = v.constants
         assert k["vec"] == vec and v.block == (k["row_threads"] * k["rows_per_block"], 1, 1)
@@ -187,7 +190,7 @@ def test_plan_grids_cover_every_token(family, width, arch):
     variants = {v.name: v for v in fam.variants(c, a)}
     assert fam.plan(c, variants, {"tokens": 0}, a.sm_count) == ()
     chosen = []
-    for tokens in (1, 7, 128, 1024, 4096, 20011, 32768):
+    for tokens in (1, 7, 16, 128, 1024, 4096, 20011, 32768):
         for force in (None, *fam.plan_choices):
             (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count, force)
             v = variants[launch.variant]
@@ -206,59 +209,79 @@ def test_plan_grids_cover_every_token(family, width, arch):
                 chosen.append(launch.variant)
     if family in ("act_and_mul", "act_and_mul_fp8_quant"):
         # the decode shape, measured faster at every width and token count on the H200
-        # (act_and_mul/tuning.py): with its PDL prologue while the launch gets PDL, then bulk
-        n = chosen.count("decode")
-        assert n >= 1 and chosen == ["decode"] * n + ["bulk"] * (len(chosen) - n)
+        # (act_and_mul/tuning.py): with early PDL, then late PDL (mid), then without (bulk)
+        order = ["decode", "mid", "bulk"]
+        assert chosen == sorted(chosen, key=order.index) and set(chosen) == set(order)
     else:
-        assert chosen[0] == "decode" and chosen[-1] == "prefill"
-        # the switch happens once and moves with the SM count of the device
-        assert chosen == sorted(chosen)
+        assert chosen[0] == "decode" and "mid" in chosen and chosen[-1] == "prefill"
+        # the switch to prefill happens once and moves with the SM count of the device
+        n = chosen.index("prefill")
+        assert set(chosen[:n]) <= {"decode", "mid"} and set(chosen[n:]) == {"prefill"}
     with pytest.raises(ConfigError):
         fam.plan(c, variants, {"tokens": 5}, a.sm_count, "bogus")
 
 
-# (d, tokens, the planned variant): act_and_mul keeps PDL up to 8192 threads (measured;
-# act_and_mul/tuning.py), one vector of 8 elements per thread on sm_90a
-ACT_AND_MUL_PDL_CASES = [
-    (2048, 16, "decode"),  # 4096 threads
-    (2048, 32, "decode"),  # 8192
-    (2048, 33, "bulk"),  # 8448
-    (4096, 16, "decode"),  # 8192: the largest launch measured faster with PDL every time
-    (4096, 17, "bulk"),  # 8704
-    (7168, 16, "bulk"),  # 14336: faster with PDL in some runs, slower in others
-    (14336, 16, "bulk"),  # 28672
+# (family, config, tokens, the planned variant): the decode-shaped launches of the chunked-row
+# families keep programmatic dependent launch, triggered at the top of the kernel to 8192
+# threads (`decode`) and after its stores to 65536 (`mid`; measured: act_and_mul/tuning.py), one
+# vector of 8 elements per thread on sm_90a; beyond, act_and_mul and the fused family take
+# `bulk`, the quantizers `decode` without the attribute until their prefill switch.
+DECODE_PDL_CASES = [
+    ("act_and_mul", {"d": 2048}, 32, "decode"),  # 8192 threads
+    ("act_and_mul", {"d": 2048}, 33, "mid"),  # 8448
+    ("act_and_mul", {"d": 7168}, 16, "mid"),  # 14336: was bulk, 1.37 -> 1.10 µs
+    ("act_and_mul", {"d": 2048}, 256, "mid"),  # 65536
+    ("act_and_mul", {"d": 2048}, 257, "bulk"),  # 65792
+    ("act_and_mul", {"d": 7168}, 128, "bulk"),  # 114688: level with the late trigger
+    ("act_and_mul_fp8_quant", {"d": 2048}, 16, "decode"),  # 4096
+    ("act_and_mul_fp8_quant", {"d": 7168}, 64, "mid"),  # 57344
+    ("act_and_mul_fp8_quant", {"d": 7168}, 256, "bulk"),  # 229376
+    ("fp8_group_quant", {"hidden": 4096}, 16, "decode"),  # 8192
+    ("fp8_group_quant", {"hidden": 4096}, 128, "mid"),  # 65536
+    ("fp8_group_quant", {"hidden": 4096}, 129, "decode"),  # 66048: no attribute
+    ("block_scaled_quant", {"hidden": 2048, "format": "mxfp8"}, 256, "mid"),  # 65536
+    ("nvfp4_quant", {"hidden": 7168}, 16, "mid"),  # 14336
+    ("nvfp4_quant", {"hidden": 2048}, 1024, "decode"),  # 262144: no attribute
+    ("fp8_token_quant", {"hidden": 7168}, 64, "mid"),  # 57344
+    ("fp8_token_quant", {"hidden": 2048}, 16, "decode"),  # 4096
 ]
 
 
-@pytest.mark.parametrize("d,tokens,variant", ACT_AND_MUL_PDL_CASES)
-def test_act_and_mul_keeps_pdl_up_to_8192_threads(d, tokens, variant):
-    """act_and_mul's decode launches keep programmatic dependent launch to 8192 threads (16
-    tokens of d 4096), past the 2048 the other families use; the fused FP8 family keeps 2048."""
+@pytest.mark.parametrize("family,values,tokens,variant", DECODE_PDL_CASES)
+def test_decode_shaped_launches_keep_pdl_in_two_stages(family, values, tokens, variant):
+    """`decode` launches with programmatic dependent launch to 8192 threads, `mid` to 65536
+    (the loader sets the attribute on a launch of at most the variant's `pdl` threads); the
+    larger decode-shaped launches go without it."""
     a = get_arch("sm_90a")
-    fam, c = _point("act_and_mul", d=d)
+    fam, c = _point(family, **values)
     variants = {v.name: v for v in fam.variants(c, a)}
+    assert (variants["decode"].pdl, variants["mid"].pdl) == (8192, 65536)
+    assert variants["mid"].constants["pdl_late"] == 1 and "pdl_late" not in variants["decode"].constants
+    assert all(v.pdl == 0 for v in variants.values() if v.name not in ("decode", "mid"))
+    assert "mid" in fam.plan_choices
     (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count)
+    threads = launch.grid[0] * launch.grid[1] * launch.grid[2] * variants[launch.variant].threads
     assert launch.variant == variant
-    assert variants["decode"].pdl == 8192
-    fused, cf = _point("act_and_mul_fp8_quant", d=2048)
-    fv = {v.name: v for v in fused.variants(cf, a)}
-    assert fv["decode"].pdl == 2048
-    assert fused.plan(cf, fv, {"tokens": 16}, a.sm_count)[0].variant == "bulk"
+    with_pdl = 0 < threads <= variants[launch.variant].pdl  # runtime._resolve
+    assert with_pdl == (threads <= 65536)
+    assert fam.plan(c, variants, {"tokens": tokens}, a.sm_count, "mid")[0].variant == "mid"
 
 
 @pytest.mark.parametrize("family,width", [("act_and_mul", "d"), ("act_and_mul_fp8_quant", "d")])
 def test_decode_shape_launches_beyond_the_pdl_limit_are_bulk(family, width):
-    """The decode shape without its PDL prologue once the launch has more threads than the
+    """The decode shape without its PDL instructions once the launch has more threads than the
     decode variant's PDL limit (the loader would launch it without PDL anyway); measured 1-26%
     faster at 1024 tokens (act_and_mul/tuning.py). fp8_group_quant has no bulk variant."""
     fam, c = _point(family, **{width: 2048})
     a = get_arch("sm_90a")
     variants = {v.name: v for v in fam.variants(c, a)}
     decode = variants["decode"]
-    for tokens in range(1, 40):
+    mid = variants["mid"]
+    for tokens in range(1, 300):
         (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count)
         threads = launch.grid[0] * launch.grid[1] * decode.threads
-        assert launch.variant == ("decode" if threads <= decode.pdl else "bulk"), tokens
+        want = "decode" if threads <= decode.pdl else "mid" if threads <= mid.pdl else "bulk"
+        assert launch.variant == want, tokens
     assert fam.plan(c, variants, {"tokens": 1}, a.sm_count, "bulk")[0].variant == "bulk"
     assert fam.plan(c, variants, {"tokens": 4096}, a.sm_count, "decode")[0].variant == "decode"
     fp8, cq = _point("fp8_group_quant", hidden=2048)
@@ -272,7 +295,7 @@ def test_plan_switch_point_grows_with_sm_count():
 
     def switch(sm):
         t = 1
-        while fam.plan(c, variants, {"tokens": t}, sm)[0].variant == "decode":
+        while fam.plan(c, variants, {"tokens": t}, sm)[0].variant != "prefill":
             t += 1
             assert t < 1 << 20, "no switch to prefill"
         return t
@@ -313,7 +336,8 @@ def test_plan_takes_the_shape_measured_faster_on_the_h200(family, values, tokens
     a = get_arch("sm_90a")
     variants = {v.name: v for v in fam.variants(c, a)}
     (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count)
-    assert launch.variant == faster
+    # the decode shape: `mid` is its form with late-triggered PDL (chunked_rows.decode_variants)
+    assert {"mid": "decode"}.get(launch.variant, launch.variant) == faster
 
 
 # ----------------------------------------------------------------------------- references: activations
@@ -562,8 +586,8 @@ def test_compiles_with_expected_ptx(family, values, arch):
         assert cubin[:4] == b"\x7fELF"
         assert ".visible .entry" in ptx
         assert f".reqntid {v.block[0]}, 1, 1" in ptx
-        # decode variants launch with programmatic dependent launch (wait before any read)
-        assert ("griddepcontrol.wait" in ptx) == (name == "decode") == (v.pdl > 0)
+        # decode and mid launch with programmatic dependent launch (wait before any read)
+        assert ("griddepcontrol.wait" in ptx) == (name in ("decode", "mid")) == (v.pdl > 0)
         wide = "ld.global.v8.b32" if v.constants["vec"] * 2 == 32 else "ld.global.v4.b32"
         assert wide in ptx, f"{name}: no {wide}"
         assert "ld.global.b16" not in ptx and "ld.global.u16" not in ptx  # no scalar loads
@@ -587,6 +611,47 @@ def test_compiles_with_expected_ptx(family, values, arch):
             # no word packed from one 16-bit register twice (ptxas mis-packed such a word of e4m3
             # codes: tests/test_dispatch_fp8_spec.py)
             assert not re.search(r"\{%rs(\d+), %rs\1\}", ptx)
+
+
+PDL_FAMILIES = [
+    ("act_and_mul", dict(d=7168)),
+    ("act_and_mul_fp8_quant", dict(d=2048, scale_layout="col_major_tma")),
+    ("fp8_group_quant", dict(hidden=4096)),
+    ("block_scaled_quant", dict(hidden=2048, format="mxfp4")),
+    ("nvfp4_quant", dict(hidden=2048)),
+    ("fp8_token_quant", dict(hidden=7168)),
+]
+
+
+@pytest.mark.parametrize("family,values", PDL_FAMILIES, ids=[f for f, _ in PDL_FAMILIES])
+def test_decode_shapes_trigger_their_dependents_early_or_after_their_stores(family, values):
+    """In the PTX: `decode` lets the next kernel launch, then waits, before its first global
+    load; `mid` waits there and lets the next kernel launch after its last global store; the
+    other variants (prefill, bulk) carry no griddepcontrol instruction."""
+    pytest.importorskip("cutlass")
+    from rose_aot.builder.compile import compile_point
+
+    fam, c = _point(family, **values)
+    a = get_arch("sm_90a")
+    point = compile_point(family, c, a)
+    assert {"decode", "mid"} <= set(point.artifacts)
+    for name, (ptx, _) in point.artifacts.items():
+        lines = ptx.splitlines()
+
+        def at(text):
+            return [i for i, line in enumerate(lines) if text in line]
+
+        triggers, (wait,) = at("griddepcontrol.launch_dependents"), at("griddepcontrol.wait") or [None]
+        if name not in ("decode", "mid"):
+            assert not triggers and wait is None, name
+            continue
+        (trigger,) = triggers
+        first_load, last_store = min(at("ld.global")), max(at("st.global"))
+        assert wait < first_load, name
+        if name == "decode":
+            assert trigger < wait
+        else:
+            assert last_store < trigger
 
 
 # ----------------------------------------------------------------------------- the GPU suite's checks

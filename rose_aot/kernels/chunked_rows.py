@@ -17,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .act_and_mul.tuning import DECODE_LATE_PDL_MAX_THREADS, DECODE_PDL_MAX_THREADS
 from .spec import Launch, Variant
 
-__all__ = ["MAX_GRID_Y", "ChunkSplit", "bulk_variant", "chunk_grid", "chunk_split", "chunked_plan"]
+__all__ = ["MAX_GRID_Y", "ChunkSplit", "bulk_variant", "chunk_grid", "chunk_split", "chunked_plan",
+           "decode_variants"]
 
 MAX_GRID_Y = 65535  # CUDA's limit on grid y and grid z
 
@@ -103,11 +105,26 @@ def chunk_grid(row_blocks: int, col_blocks: int, chunks_in_x: bool) -> tuple[int
     return (col_blocks, y, _ceil_div(row_blocks, y))
 
 
+def decode_variants(shape: Variant, *, bulk: bool) -> tuple[Variant, ...]:
+    """The variants of a chunked-row family's decode shape (one compile unit each), by launch
+    size (chunked_plan; measured: act_and_mul/tuning.py):
+    - `decode`, to DECODE_PDL_MAX_THREADS threads: programmatic dependent launch, the next
+      kernel launched at the top of this one (device_utils.pdl_prologue);
+    - `mid`, to DECODE_LATE_PDL_MAX_THREADS: PDL too, but the next kernel launched after this
+      one's stores (device_utils.pdl_epilogue): launched at the top, its blocks would take the
+      SMs this larger grid still needs;
+    - beyond, `bulk` where the family has it (bulk_variant), else `decode` (the loader launches
+      it without the attribute)."""
+    decode = dataclasses.replace(shape, name="decode", pdl=DECODE_PDL_MAX_THREADS)
+    mid = dataclasses.replace(shape, name="mid", pdl=DECODE_LATE_PDL_MAX_THREADS,
+                              constants={**shape.constants, "pdl_late": 1})
+    return (decode, mid, bulk_variant(shape)) if bulk else (decode, mid)
+
+
 def bulk_variant(decode: Variant) -> Variant:
-    """The decode shape without the programmatic-dependent-launch prologue, for decode-shaped
-    launches too large for the PDL attribute (more than decode.pdl threads): there the
-    prologue's griddepcontrol instructions do nothing but still cost every block (measured:
-    act_and_mul/tuning.py)."""
+    """The decode shape without the programmatic-dependent-launch instructions, for
+    decode-shaped launches too large for the PDL attribute: there the griddepcontrol
+    instructions do nothing but still cost every block (measured: act_and_mul/tuning.py)."""
     return dataclasses.replace(decode, name="bulk", pdl=0)
 
 
@@ -117,8 +134,9 @@ def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int 
 
     Decode while the batch, at one vector per thread, is at most `decode_warps_per_sm` warps
     per SM (None: at every size); the row's vector count is read from the decode variant's
-    constants. Where the family has a `bulk` variant (bulk_variant), a decode-shaped launch of
-    more threads than the decode variant's PDL limit takes it (forcing "decode" keeps decode)."""
+    constants. A decode-shaped launch of more threads than the decode variant's PDL limit takes
+    the `mid` variant while it has at most mid's, then `bulk` where the family has it
+    (decode_variants); forcing a variant keeps it."""
     if tokens == 0:
         return None
     k = variants["decode"].constants
@@ -126,12 +144,18 @@ def chunked_plan(variants, tokens: int, sm_count: int, decode_warps_per_sm: int 
     use_decode = (decode_warps_per_sm is None
                   or tokens * vectors <= 32 * decode_warps_per_sm * sm_count)
     if force is not None:
-        use_decode = force in ("decode", "bulk")
+        use_decode = force in ("decode", "mid", "bulk")
     name = "decode" if use_decode else "prefill"
     v = variants[name]
     k = v.constants
     grid = chunk_grid(_ceil_div(tokens, k["rows_per_block"]), k["col_blocks"], k["chunks_in_x"])
-    if use_decode and "bulk" in variants and force != "decode":
-        if force == "bulk" or grid[0] * grid[1] * grid[2] * v.threads > v.pdl:
-            name = "bulk"
+    if use_decode and force is None:
+        threads = grid[0] * grid[1] * grid[2] * v.threads
+        if threads > v.pdl:
+            if "mid" in variants and threads <= variants["mid"].pdl:
+                name = "mid"
+            elif "bulk" in variants:
+                name = "bulk"
+    elif use_decode:
+        name = force
     return Launch(name, grid)

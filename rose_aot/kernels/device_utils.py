@@ -15,6 +15,7 @@ __all__ = [
     "cutlass_dtype",
     "SharedMemory",
     "pdl_prologue",
+    "pdl_epilogue",
     "chunk_coords",
     "butterfly_sum",
     "grid_barrier",
@@ -79,15 +80,25 @@ class SharedMemory:
         )
 
 
-def pdl_prologue(enabled: bool) -> None:
+def pdl_prologue(enabled: bool, late: bool = False) -> None:
     """Programmatic dependent launch, at the top of a kernel whose variant records `pdl`: let
     the next kernel in the stream start launching now (its blocks wait in their own prologue),
     then wait until the previous grid has finished and its writes are visible. Every input may
-    come from the previous kernel, so nothing global is read before the wait. Without the launch
-    attribute both instructions are no-ops. Call during tracing (emits nothing if disabled)."""
+    come from the previous kernel, so nothing global is read before the wait. With `late` (the
+    chunked-row families' `mid` variant, chunked_rows.decode_variants), only the wait: the next
+    kernel launches from pdl_epilogue, after this one's stores. Without the launch attribute
+    the instructions are no-ops. Call during tracing (emits nothing if disabled)."""
     if enabled:
-        cute.arch.griddepcontrol_launch_dependents()
+        if not late:
+            cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
+
+
+def pdl_epilogue(enabled: bool, late: bool) -> None:
+    """The late trigger of pdl_prologue(enabled, late=True): after the kernel's last store, let
+    the next kernel launch. Call during tracing, at the end of the kernel."""
+    if enabled and late:
+        cute.arch.griddepcontrol_launch_dependents()
 
 
 def chunk_coords(col_blocks: int, chunks_in_x: bool):

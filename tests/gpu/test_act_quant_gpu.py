@@ -177,6 +177,86 @@ def test_every_input_value_quantizes_bit_exactly(bundle, shuffle):
         compare(family_name, c, want, views, f"{family.key(c)} every value ({order})")
 
 
+# Tokens of a 4096-wide bf16 row (512 threads of 8 elements in the decode shapes): the early PDL
+# stage (1 and 16 tokens: at most 8192 threads), the late one (17 and 128 tokens: at most
+# 65536), none (129 tokens: act_and_mul's bulk, the quantizers' decode without the attribute).
+CHAIN_TOKENS = (1, 16, 17, 128, 129)
+
+
+def _pdl_stage(handle, args, device):
+    """How the launch a call with `args` makes uses PDL: "early" (`decode`: the next kernel
+    launched at its top), "late" (`mid`: after its stores) or None (no attribute)."""
+    (launch,) = handle.plan(*args)
+    v = handle.record(device).variant(launch.variant)
+    threads = launch.grid[0] * launch.grid[1] * launch.grid[2] * v.threads
+    if not 0 < threads <= v.pdl:
+        return None
+    return "late" if v.constants.get("pdl_late") else "early"
+
+
+def _snapshot(views):
+    import torch
+
+    return {k: (v.view(torch.uint8) if v.element_size() == 1 else v).clone()
+            for k, v in views.items() if v is not None}  # no padding view: None
+
+
+def test_chains_wait_for_their_predecessor_at_every_pdl_stage(bundle):
+    """act_and_mul writes a poisoned intermediate that the next kernel reads at once: a second
+    act_and_mul and every quantizer of a 4096-wide bf16 row. Launched with the PDL attribute,
+    the next kernel starts before act_and_mul ends, early or after its stores, and must wait
+    (griddepcontrol.wait) before it reads: an early read would see NaN and change its output."""
+    import torch
+
+    device = torch.cuda.current_device()
+    arch = bundle.arch_for_device(device)
+    producer = bundle.kernel("act_and_mul", d=4096, activation="silu", dtype="bfloat16",
+                             out_dtype="bfloat16")
+    consumers = [(p["family"], p["config"]) for p in bundle.index["points"]
+                 if p["arch"] == arch and p["family"] in FAMILIES
+                 and p["config"].get("d", p["config"].get("hidden")) == 4096
+                 and p["config"].get("dtype", "bfloat16") == "bfloat16"]
+    assert len({f for f, _ in consumers}) >= 4, consumers
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    stages = set()
+    for i, (family_name, values) in enumerate(consumers):
+        family = get_family(family_name)
+        config = family.make_config(**values)
+        handle = bundle.kernel(family_name, **values)
+        for tokens in CHAIN_TOKENS:
+            x = torch.randn(tokens, 8192, generator=gen, device="cuda").to(torch.bfloat16)
+            # the intermediate: act_and_mul's output, a strided view of a row of 8192 whose
+            # second half is the next act_and_mul's `up` input
+            buf = torch.randn(tokens, 8192, generator=gen, device="cuda").to(torch.bfloat16)
+            mid = buf[:, :4096]
+            args, _, views = make_case(family_name, config, tokens, seed=i)
+            args = (buf if family_name == "act_and_mul" else mid, *args[1:])
+            stages.add((_pdl_stage(producer, (x, mid), device),
+                        _pdl_stage(handle, args, device)))
+
+            producer(x, mid)
+            torch.cuda.synchronize()
+            assert not mid.isnan().any()
+            handle(*args)
+            torch.cuda.synchronize()
+            want = _snapshot(views)  # the padding views keep their NaN poison: equal_nan
+            for _ in range(20):
+                mid.fill_(float("nan"))
+                poison(family_name, views)
+                producer(x, mid)
+                handle(*args)
+                torch.cuda.synchronize()
+                got = _snapshot(views)
+                for k in want:
+                    torch.testing.assert_close(
+                        got[k], want[k], rtol=0, atol=0, equal_nan=True,
+                        msg=lambda m, k=k: f"{family.key(config)} T={tokens}: {k} differs in a "
+                                           f"PDL chain: {m}")
+    # every stage of the consumer ran, after producers of every stage
+    assert {s for _, s in stages} == {"early", "late", None}, stages
+    assert {p for p, _ in stages} == {"early", "late", None}, stages
+
+
 def test_launch_is_captured_by_cuda_graphs(bundle):
     import torch
 

@@ -10,7 +10,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
-from ..device_utils import chunk_coords, pdl_prologue, pure_asm
+from ..device_utils import chunk_coords, pdl_epilogue, pdl_prologue, pure_asm
 from ..spec import Variant
 
 __all__ = ["host_function", "activate", "load_chunk", "store_chunk"]
@@ -95,11 +95,12 @@ def host_function(config, variant: Variant, arch: Arch):
     block = list(variant.block)
     smem_bytes = variant.smem
     pdl = variant.pdl
+    late = bool(k.get("pdl_late", 0))  # the `mid` variant (chunked_rows.decode_variants)
 
     @cute.kernel
     def act_and_mul_kernel(mX: cute.Tensor, mO: cute.Tensor):
         # mX: [tokens, 2d], mO: [tokens, d]; both with a dynamic row stride
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         tidx, _, _ = cute.arch.thread_idx()
         row_block, col = chunk_coords(k["col_blocks"], k["chunks_in_x"])
         row = row_block * rows + tidx // row_threads
@@ -119,6 +120,7 @@ def host_function(config, variant: Variant, arch: Arch):
         tOrO.store(y.to(mO.element_type))
         gO = cute.zipped_divide(mO[row, None], (vec,))
         store_chunk(tOrO, gO, first, row_threads, per_thread, vectors, exact, valid)
+        pdl_epilogue(pdl, late)
 
     @cute.jit
     def launch(

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from ...archs import Arch
 from ...errors import ConfigError
 from ..base import KernelFamily, choice
-from ..chunked_rows import bulk_variant, chunk_split, chunked_plan
+from ..chunked_rows import chunk_split, chunked_plan, decode_variants
 from ..rowwise import access_bytes, vector_width
 from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
 from .tuning import (
-    ACT_AND_MUL_PDL_MAX_THREADS,
     DECODE_MAX_VECS,
     DECODE_THREADS,
     PREFILL_MAX_VECS,
@@ -53,7 +52,7 @@ def _bits(dtype: str) -> int:
 class ActAndMul(KernelFamily):
     name = "act_and_mul"
     Config = ActAndMulConfig
-    plan_choices = ("decode", "bulk", "prefill")
+    plan_choices = ("decode", "mid", "bulk", "prefill")
     device_module = "rose_aot.kernels.act_and_mul.device"
     shape_fields = ("d",)
 
@@ -97,15 +96,11 @@ class ActAndMul(KernelFamily):
             # the chunks of a row in grid x: measured faster (chunked_rows.chunk_grid)
             split = chunk_split(vectors, threads, vecs, chunks_in_x=True)
             out.append(
-                Variant(
-                    name,
-                    (split.threads, 1, 1),
-                    params=params,
-                    constants={**split.constants(), "vec": vec},
-                    pdl=ACT_AND_MUL_PDL_MAX_THREADS if name == "decode" else 0,
-                )
+                Variant(name, (split.threads, 1, 1), params=params,
+                        constants={**split.constants(), "vec": vec})
             )
-        return (*out, bulk_variant(out[0]))
+        decode, *others = decode_variants(out[0], bulk=True)
+        return (decode, out[1], *others)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)

@@ -115,16 +115,18 @@ from __future__ import annotations
 __all__ = ["DECODE_THREADS", "DECODE_MAX_VECS", "PREFILL_THREADS", "PREFILL_MAX_VECS",
            "DECODE_WARPS_PER_SM", "FP8_GROUP_DECODE_WARPS_PER_SM", "MX_DECODE_WARPS_PER_SM",
            "NARROW_ROW_VECTORS", "NARROW_PREFILL_THREADS", "NARROW_PREFILL_MAX_VECS",
-           "ACT_AND_MUL_PDL_MAX_THREADS"]
+           "DECODE_PDL_MAX_THREADS", "DECODE_LATE_PDL_MAX_THREADS"]
 
 DECODE_THREADS = 128
 DECODE_MAX_VECS = 1
 PREFILL_THREADS = 256
 PREFILL_MAX_VECS = 4
-# act_and_mul's decode launches use programmatic dependent launch up to this many threads (64
-# blocks of 128: 16 tokens of d 4096, 32 of 2048), beyond the 2048 of spec.PDL_MAX_THREADS,
-# which was measured on the norms. The decode variant with a 32768-thread limit against the same
-# cubin with 2048 (so `bulk` from 2048), alternating twice in one call (one H200, 2026-12-01,
+# The decode launches of act_and_mul and the quantizers (fp8_group_quant, act_and_mul_fp8_quant,
+# block_scaled_quant, nvfp4_quant, fp8_token_quant) use programmatic dependent launch up to this
+# many threads (64 blocks of 128: 16 tokens of d 4096, 32 of 2048), beyond the 2048 of
+# spec.PDL_MAX_THREADS, which was measured on the norms. act_and_mul's decode variant with a
+# 32768-thread limit against the same cubin with 2048 (so `bulk` from 2048), alternating twice
+# in one call (one H200, 2026-12-01,
 # `bench_act_quant.py BUNDLE --family act_and_mul --no-peers --tokens 16,64,128` per bundle,
 # every timing from a reset L2; benchmarks/results/act-pdl-experiment-h200.md): at 16 tokens of d
 # 2048-4096 (4096-8192 threads) 0.72-0.78 instead of 1.28-1.32 µs, SiLU and GELU-tanh, in both
@@ -133,8 +135,37 @@ PREFILL_MAX_VECS = 4
 # table run after the limit was set to 14336, SiLU 1.57 (forced 1.28; its bulk: 1.35): the
 # early-launched grid then sometimes waits behind its predecessor for the SMs; from 16384
 # threads slower or erratic (GELU-tanh 2048 x 64: 2.09 vs 1.40; 14336 x 16, 28672 threads: 1.75
-# vs 1.45; 2048 x 128: 1.83 vs 1.49).
-ACT_AND_MUL_PDL_MAX_THREADS = 8192
+# vs 1.45; 2048 x 128: 1.83 vs 1.49). The quantizers' decode variants with 8192 against 2048,
+# alternating twice in one call (one H200, 2026-12-01, `bench_act_quant.py BUNDLE --family
+# fp8_group_quant,act_and_mul_fp8_quant,block_scaled_quant,fp8_token_quant --no-peers --tokens
+# 16,32,64 --widths 2048,4096,7168`, benchmarks/results/decode-pdl-stages-experiment-h200.md):
+# 30-38% faster at every point of 4096-8192 threads (fp8_group_quant row-major 2048 x 32: 1.40
+# -> 0.90 µs; nvfp4_quant 4096 x 16: 1.38 -> 0.94; act_and_mul_fp8_quant 2048 x 16, which took
+# `bulk` before: 1.54 -> 1.08), and within 3.2% at the points beyond it (the same launches).
+DECODE_PDL_MAX_THREADS = 8192
+# Larger decode-shaped launches of these families, up to this many threads, take the `mid`
+# variant (chunked_rows.decode_variants): PDL too, but the next kernel launched only after the
+# stores (device_utils.pdl_epilogue). The late-triggered decode shape against the shipped
+# records (`decode` to 8192 threads, then `bulk` or `decode` without the attribute), built from
+# one tree and alternated (A, L, B, B, L, A) in one call (one H200, 2026-12-01,
+# `bench_act_quant.py BUNDLE --no-peers`, every family, widths 2048 and 7168, tokens 16-8192;
+# benchmarks/results/decode-pdl-stages-experiment-h200.md): 5-32% faster at 32 of the 34
+# measured launches of 14336-65536 threads (act_and_mul 2048 x 64: 1.40 -> 0.96 µs;
+# fp8_group_quant col-major 2048 x 64: 1.64 -> 1.32; nvfp4_quant 7168 x 16: 1.43 -> 1.15;
+# fp8_token_quant 7168 x 64: 2.06 -> 1.60), 2% at fp8_group_quant row-major 7168 x 64 and 5.5%
+# slower at its 2048 x 256 (1.63 -> 1.71). Beyond, slower: launched without the attribute 2-5%
+# at 114688-131072 threads and up to 37% from 229376 (act_and_mul 7168 x 512: 4.02 -> 5.54);
+# with it (the call before, act_and_mul only) level at 114688, 14-28% slower at 229376-262144
+# (2048 x 1024: 2.81 -> 3.60). So the larger launches keep their variant without any
+# griddepcontrol instruction. Measured and not kept (the call after, A and R alternating):
+# one cubin whose trigger is chosen on the device from %nctaid (predicated griddepcontrol): at
+# 14336-65536 threads 0.06-0.23 µs slower than `mid` measured in the call before, where `A` was
+# level across both calls (act_and_mul 2048 x 64: 1.18 vs 0.96), at 4096-8192 threads up to 12%
+# slower than `decode` (act_and_mul_fp8_quant 2048 x 16: 1.07 -> 1.20), and with the
+# instructions predicated off beyond its limit 0.3-7% slower than `bulk` (7168 x 128: 2.21 vs
+# 2.07).
+DECODE_LATE_PDL_MAX_THREADS = 65536
+
 # fp8_group_quant's prefill shape for rows of at most NARROW_ROW_VECTORS vectors (see above)
 NARROW_ROW_VECTORS = 256
 NARROW_PREFILL_THREADS = 128

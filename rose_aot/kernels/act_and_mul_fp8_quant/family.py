@@ -38,7 +38,7 @@ class ActAndMulFp8QuantConfig:
 class ActAndMulFp8Quant(KernelFamily):
     name = "act_and_mul_fp8_quant"
     Config = ActAndMulFp8QuantConfig
-    plan_choices = ("decode", "bulk", "prefill")
+    plan_choices = ("decode", "mid", "bulk", "prefill")
     device_module = "rose_aot.kernels.act_and_mul_fp8_quant.device"
     shape_fields = ("d",)
 

@@ -10,7 +10,7 @@ from cutlass import Float32, Int32, Uint8, Uint32, const_expr
 from ...archs import Arch
 from ..act_and_mul.device import load_chunk, store_chunk
 from ..fp8_group_quant.device import butterfly_max
-from ..device_utils import chunk_coords, pdl_prologue, pure_asm, quotient
+from ..device_utils import chunk_coords, pdl_epilogue, pdl_prologue, pure_asm, quotient
 from ..spec import Variant
 
 __all__ = ["host_function", "E2M1_WORD_PTX", "MX_E2M1_WORD_PTX", "ABSMAX_BF16X2_STEP_PTX",
@@ -208,6 +208,7 @@ def host_function(config, variant: Variant, arch: Arch):
     block = list(variant.block)
     smem_bytes = variant.smem
     pdl = variant.pdl
+    late = bool(kc.get("pdl_late", 0))  # the `mid` variant (chunked_rows.decode_variants)
 
     @cute.jit
     def body(mX: cute.Tensor, mG, mQ: cute.Tensor, mS: cute.Tensor):
@@ -334,13 +335,15 @@ def host_function(config, variant: Variant, arch: Arch):
 
     @cute.kernel
     def block_scaled_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         body(mX, None, mQ, mS)
+        pdl_epilogue(pdl, late)
 
     @cute.kernel
     def nvfp4_quant_kernel(mX: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         body(mX, mG, mQ, mS)
+        pdl_epilogue(pdl, late)
 
     if fmt == "nvfp4":
 

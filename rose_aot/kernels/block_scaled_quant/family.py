@@ -46,9 +46,9 @@ from ..act_and_mul.tuning import (
     PREFILL_THREADS,
 )
 from ..base import KernelFamily, choice
-from ..chunked_rows import chunk_split, chunked_plan
+from ..chunked_rows import chunk_split, chunked_plan, decode_variants
 from ..rowwise import access_bytes, vector_width
-from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["BlockScaledQuantConfig", "BlockScaledQuant", "FORMATS", "BLOCK"]
 
@@ -76,6 +76,7 @@ def _groups_padded(c) -> int:
 class BlockScaledQuant(KernelFamily):
     name = "block_scaled_quant"
     Config = BlockScaledQuantConfig
+    plan_choices = ("decode", "mid", "prefill")
     device_module = "rose_aot.kernels.block_scaled_quant.device"
     shape_fields = ("hidden",)
 
@@ -136,9 +137,9 @@ class BlockScaledQuant(KernelFamily):
             constants = {**split.constants(), "vec": unit, "group_lanes": BLOCK[c.format] // unit,
                          "groups_padded": _groups_padded(c),
                          "native_e2m1": arch.capability[0] >= 10}
-            out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
-                               pdl=PDL_MAX_THREADS if name == "decode" else 0))
-        return tuple(out)
+            out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants))
+        decode, mid = decode_variants(out[0], bulk=False)
+        return (decode, out[1], mid)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)

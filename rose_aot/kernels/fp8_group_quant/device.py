@@ -11,7 +11,7 @@ from cutlass._mlir.dialects import llvm
 
 from ...archs import Arch
 from ..act_and_mul.device import activate, load_chunk, store_chunk
-from ..device_utils import chunk_coords, pdl_prologue, quotient, quotient_factors
+from ..device_utils import chunk_coords, pdl_epilogue, pdl_prologue, quotient, quotient_factors
 from ..spec import Variant
 from .family import FP8_MAX
 
@@ -89,12 +89,13 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
     block = list(variant.block)
     smem_bytes = variant.smem
     pdl = variant.pdl
+    late = bool(k.get("pdl_late", 0))  # the `mid` variant (chunked_rows.decode_variants)
 
     @cute.kernel
     def fp8_group_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
         # mX: [tokens, width] (or [tokens, 2*width] gate|up with an activation); mQ: [tokens,
         # width] e4m3; mS: [tokens, width/group] fp32 in the config's scale layout
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         tidx, _, _ = cute.arch.thread_idx()
         row_block, col = chunk_coords(k["col_blocks"], k["chunks_in_x"])
         row = row_block * rows + tidx // row_threads
@@ -132,6 +133,7 @@ def build(config, variant: Variant, arch: Arch, width: int, activation: str | No
         tQrQ.store(tYrY.load().to(mQ.element_type))
         gQ = cute.zipped_divide(mQ[row, None], (vec,))
         store_chunk(tQrQ, gQ, first, row_threads, per_thread, vectors, exact, valid)
+        pdl_epilogue(pdl, late)
 
     @cute.jit
     def launch(

@@ -50,9 +50,9 @@ from ..act_and_mul.tuning import (
     PREFILL_THREADS,
 )
 from ..base import KernelFamily, choice
-from ..chunked_rows import bulk_variant, chunk_split, chunked_plan
+from ..chunked_rows import chunk_split, chunked_plan, decode_variants
 from ..rowwise import access_bytes, vector_width
-from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["Fp8GroupQuantConfig", "Fp8GroupQuant", "SCALE_LAYOUTS", "FP8_MAX", "quant_args",
            "quant_variants", "validate_quant"]
@@ -108,9 +108,10 @@ def quant_args(c, arch: Arch, width: int, x_width: int) -> tuple[TensorArg, ...]
 
 def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...], *,
                    narrow_prefill: bool = False, bulk: bool = False) -> tuple[Variant, ...]:
-    """decode and prefill; with `narrow_prefill`, a row of at most NARROW_ROW_VECTORS vectors
-    takes the narrow prefill shape (fp8_group_quant: measured, act_and_mul/tuning.py); with
-    `bulk`, also the decode shape without its PDL prologue (chunked_rows.bulk_variant)."""
+    """decode, prefill and mid (chunked_rows.decode_variants); with `narrow_prefill`, a row of
+    at most NARROW_ROW_VECTORS vectors takes the narrow prefill shape (fp8_group_quant:
+    measured, act_and_mul/tuning.py); with `bulk`, also the decode shape without its PDL
+    instructions (chunked_rows.bulk_variant)."""
     vec = vector_width(c.dtype, access_bytes(arch, width * DTYPES[c.dtype].bits // 8))
     prefill = (PREFILL_THREADS, PREFILL_MAX_VECS)
     if narrow_prefill and width // vec <= NARROW_ROW_VECTORS:
@@ -122,16 +123,15 @@ def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...], *,
     ):
         split = chunk_split(width // vec, threads, vecs)
         constants = {**split.constants(), "vec": vec, "group_lanes": c.group // vec}
-        out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants,
-                           pdl=PDL_MAX_THREADS if name == "decode" else 0))
-    if bulk:
-        out.append(bulk_variant(out[0]))
-    return tuple(out)
+        out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants))
+    decode, *others = decode_variants(out[0], bulk=bulk)
+    return (decode, out[1], *others)
 
 
 class Fp8GroupQuant(KernelFamily):
     name = "fp8_group_quant"
     Config = Fp8GroupQuantConfig
+    plan_choices = ("decode", "mid", "prefill")
     device_module = "rose_aot.kernels.fp8_group_quant.device"
     shape_fields = ("hidden",)
 

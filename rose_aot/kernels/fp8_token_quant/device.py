@@ -9,7 +9,7 @@ from cutlass import Float32, Int32
 
 from ...archs import Arch
 from ..act_and_mul.device import load_chunk, store_chunk
-from ..device_utils import SharedMemory, pdl_prologue, quotient, quotient_factors
+from ..device_utils import SharedMemory, pdl_epilogue, pdl_prologue, quotient, quotient_factors
 from ..fp8_group_quant.device import butterfly_max
 from ..spec import Variant
 from .family import FP8_MAX
@@ -48,11 +48,12 @@ def host_function(config, variant: Variant, arch: Arch):
     warps = variant.threads // 32
     smem_bytes = variant.smem
     pdl = variant.pdl
+    late = bool(k.get("pdl_late", 0))  # the `mid` variant (chunked_rows.decode_variants)
 
     @cute.kernel
     def fp8_token_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
         # mX: [tokens, hidden]; mQ: [tokens, hidden] e4m3; mS: [tokens, 1] fp32
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         alloc = SharedMemory(smem_bytes, f"fp8_token_quant {variant.name}")
         sWarp = alloc.tensor(Float32, warps, byte_alignment=4)
         tidx, _, _ = cute.arch.thread_idx()
@@ -85,6 +86,7 @@ def host_function(config, variant: Variant, arch: Arch):
         tQrQ.store(tYrY.load().to(mQ.element_type))
         gQ = cute.zipped_divide(mQ[row, None], (vec,))
         store_chunk(tQrQ, gQ, first, row_threads, per_thread, vectors, exact, valid)
+        pdl_epilogue(pdl, late)
 
     @cute.jit
     def launch(

@@ -27,10 +27,10 @@ from ...archs import Arch
 from ...errors import ConfigError
 from ..act_and_mul.tuning import DECODE_WARPS_PER_SM
 from ..base import KernelFamily, choice
-from ..chunked_rows import ChunkSplit, chunked_plan
+from ..chunked_rows import ChunkSplit, chunked_plan, decode_variants
 from ..fp8_group_quant.family import FP8_MAX, MIN_EPS
 from ..rowwise import access_bytes, vector_width
-from ..spec import PDL_MAX_THREADS, DTYPES, Dim, Launch, TensorArg, Variant
+from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
 
 __all__ = ["Fp8TokenQuantConfig", "Fp8TokenQuant", "row_split", "FP8_MAX"]
 
@@ -112,6 +112,7 @@ def row_args(c, arch: Arch) -> tuple[TensorArg, TensorArg]:
 class Fp8TokenQuant(KernelFamily):
     name = "fp8_token_quant"
     Config = Fp8TokenQuantConfig
+    plan_choices = ("decode", "mid", "prefill")
     device_module = "rose_aot.kernels.fp8_token_quant.device"
     shape_fields = ("hidden",)
 
@@ -141,9 +142,9 @@ class Fp8TokenQuant(KernelFamily):
         ):
             warps = split.threads // 32
             out.append(Variant(name, (split.threads, 1, 1), smem=4 * warps, params=params,
-                               constants={**split.constants(), "vec": vec},
-                               pdl=PDL_MAX_THREADS if name == "decode" else 0))
-        return tuple(out)
+                               constants={**split.constants(), "vec": vec}))
+        decode, mid = decode_variants(out[0], bulk=False)
+        return (decode, out[1], mid)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
