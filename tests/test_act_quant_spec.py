@@ -256,7 +256,8 @@ def test_decode_shaped_launches_keep_pdl_in_two_stages(family, values, tokens, v
     fam, c = _point(family, **values)
     variants = {v.name: v for v in fam.variants(c, a)}
     assert (variants["decode"].pdl, variants["mid"].pdl) == (8192, 65536)
-    assert variants["mid"].constants["pdl_late"] == 1 and "pdl_late" not in variants["decode"].constants
+    assert variants["mid"].constants["pdl_late"] == 1
+    assert "pdl_late" not in variants["decode"].constants
     assert all(v.pdl == 0 for v in variants.values() if v.name not in ("decode", "mid"))
     assert "mid" in fam.plan_choices
     (launch,) = fam.plan(c, variants, {"tokens": tokens}, a.sm_count)
@@ -641,7 +642,8 @@ def test_decode_shapes_trigger_their_dependents_early_or_after_their_stores(fami
         def at(text):
             return [i for i, line in enumerate(lines) if text in line]
 
-        triggers, (wait,) = at("griddepcontrol.launch_dependents"), at("griddepcontrol.wait") or [None]
+        triggers = at("griddepcontrol.launch_dependents")
+        (wait,) = at("griddepcontrol.wait") or [None]
         if name not in ("decode", "mid"):
             assert not triggers and wait is None, name
             continue
