@@ -55,12 +55,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"labels repeat: {labels}")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    fused = {bool(int(f)) for f in args.fused.split(",")}
+    # plain first, then fused: the order of the lines main() prints
+    args.fused = [bool(int(f)) for f in args.fused.split(",")]
     args.force = [v for v in args.force.split(",") if v]
     if any(v not in ("decode", "prefill") for v in args.force):
         parser.error(f"--force takes rms_norm's variants, decode and prefill (got {args.force})")
     for label, path in args.bundles:
-        lacking = missing_points(path, args.hidden, fused)
+        lacking = missing_points(path, args.hidden, args.fused)
         if lacking:
             parser.error(f"{label}={path}: {lacking}")
     return args
@@ -103,7 +104,7 @@ def main(argv=None) -> None:
     # (column, bundle label, variant): every bundle's forced variants, or the first's decode
     forced = ([(f"{label}:{v}", label, v) for label in bundles for v in args.force]
               if args.force else [("decode", next(iter(bundles)), "decode")])
-    for fused in [bool(int(f)) for f in args.fused.split(",")]:
+    for fused in args.fused:
         for h in args.hidden:
             handles = {k: b.kernel("rms_norm", hidden=h, eps=EPS, fused_residual=fused)
                        for k, b in bundles.items()}
