@@ -187,7 +187,7 @@ def bench_act_and_mul(bundle, tokens_list, widths, rows):
                 gen = torch.Generator(device="cuda").manual_seed(t + d)
                 x = torch.randn(t, 2 * d, device="cuda", dtype=torch.bfloat16, generator=gen)
                 out = torch.full((t, d), float("nan"), device="cuda", dtype=torch.bfloat16)
-                for variant in (None, "decode", "prefill"):
+                for variant in (None, *ours.family.plan_choices):
                     out.fill_(float("nan"))
                     ours(x, out, variant=variant)
                     torch.cuda.synchronize()
@@ -195,7 +195,7 @@ def bench_act_and_mul(bundle, tokens_list, widths, rows):
                 impls = {
                     "rose_aot": lambda: ours(x, out),
                     "rose_aot_decode": lambda: ours(x, out, variant="decode"),
-                    "rose_aot_prefill": lambda: ours(x, out, variant="prefill"),
+                    "rose_aot_bulk": lambda: ours(x, out, variant="bulk"),
                     "torch_eager": lambda: act_torch(x, out, activation),
                     "torch_compile": lambda: compiled(x, out, activation),
                 }
@@ -229,7 +229,7 @@ def bench_quant(bundle, tokens_list, widths, rows, fused):
                                 generator=gen)
                 q = torch.empty(t, h, device="cuda", dtype=torch.float8_e4m3fn)
                 s = _scales(t, groups, layout)
-                for variant in (None, "decode", "prefill"):
+                for variant in (None, *ours.family.plan_choices):
                     q.view(torch.uint8).fill_(0x7F)
                     s.fill_(float("nan"))
                     ours(x, q, s, variant=variant)
@@ -238,7 +238,9 @@ def bench_quant(bundle, tokens_list, widths, rows, fused):
                 impls = {
                     "rose_aot": lambda: ours(x, q, s),
                     "rose_aot_decode": lambda: ours(x, q, s, variant="decode"),
-                    "rose_aot_prefill": lambda: ours(x, q, s, variant="prefill"),
+                    # the fused family has no prefill shape (act_and_mul/tuning.py)
+                    "rose_aot_bulk" if fused else "rose_aot_prefill":
+                        lambda: ours(x, q, s, variant="bulk" if fused else "prefill"),
                     "torch_eager": lambda: peer(x, q, s, GROUP, False),
                     "torch_compile": lambda: compiled(x, q, s, GROUP, False),
                 }
@@ -393,18 +395,15 @@ def report(rows, copy_tbs, env, out, name):
         f"replay, median. Bytes: input read + outputs written (scales included). "
         f"rose-aot = the plan's choice (variant in brackets).",
         "",
-        "| kernel | shape | tokens | rose-aot µs | TB/s | % copy | decode / prefill forced µs "
+        "| kernel | shape | tokens | rose-aot µs | TB/s | % copy | variants forced µs "
         "| peers µs (speed-up of rose-aot) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ours = r["us"]["rose_aot"]
         tbs = r["bytes"] / (ours * 1e-6) / 1e12
-        forced = f"{r['us']['rose_aot_decode']:.2f} / {r['us']['rose_aot_prefill']:.2f}"
-        singles = [f"{k[len('rose_aot_'):]} {v:.2f}" for k, v in r["us"].items()
-                   if k.startswith("rose_aot_single")]
-        if singles:
-            forced += f" ({', '.join(singles)})"
+        forced = ", ".join(f"{k[len('rose_aot_'):]} {v:.2f}" for k, v in r["us"].items()
+                           if k.startswith("rose_aot_"))
         peers = ", ".join(
             f"{k} {v:.2f} ({v / ours:.2f}x)" for k, v in r["us"].items()
             if not k.startswith("rose_aot")

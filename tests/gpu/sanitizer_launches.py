@@ -84,9 +84,10 @@ def main(path: str, families: tuple[str, ...] = ()) -> None:
                 print(f"ok {handle.key} {variant} T={tokens}", flush=True)
             continue
         if point["family"] in ACT_QUANT:  # strided inputs, scale layouts, packed dtypes
-            runs = (("decode", 3), ("prefill", 1001))
-            if "bulk" in family.plan_choices:
-                runs += (("bulk", 1001),)
+            # the decode shape at 3 tokens; the prefill shape (act_and_mul and the fused family
+            # have none) or the decode shape's bulk form at 1001
+            runs = [("decode", 3)] + [(v, 1001) for v in ("prefill", "bulk")
+                                      if v in family.plan_choices]
             for variant, tokens in runs:
                 args, want, views = make_case(point["family"], config, tokens, seed=tokens)
                 handle(*args, variant=variant)

@@ -7,10 +7,12 @@ the output dtype. The device code evaluates the forms that stay accurate in fp32
 silu and gelu_tanh as a / (1 + exp(-k)), gelu as 0.5 a erfc(-a / sqrt 2).
 
 Work split (chunked_rows.py): each thread loads full-width vectors of a and b, so every global
-access is 128-bit on sm_90a and 256-bit on sm_100a when d allows. The decode variant spreads one
-token over many small blocks (one vector per thread); prefill packs 4 vectors per thread into
-wide blocks. The plan picks decode at every token count (measured faster on the H200 at every
-width and token count, see tuning.py); prefill stays as a forced variant for comparison.
+access is 128-bit on sm_90a and 256-bit on sm_100a when d allows. One shape at every token count:
+one token spread over many small blocks (one vector per thread), measured level with or faster
+than a prefill shape of 4 vectors per thread in wide blocks at every width and token count on
+the H200 (tuning.py). Its three variants differ only in programmatic dependent launch
+(chunked_rows.decode_variants: `decode`, `mid`, `bulk`). The prefill shape is not compiled: a
+variant the plan never picks would only cost every serving process a cubin to load.
 """
 
 from __future__ import annotations
@@ -23,12 +25,7 @@ from ..base import KernelFamily, choice
 from ..chunked_rows import chunk_split, chunked_plan, decode_variants
 from ..rowwise import access_bytes, vector_width
 from ..spec import DTYPES, Dim, Launch, TensorArg, Variant
-from .tuning import (
-    DECODE_MAX_VECS,
-    DECODE_THREADS,
-    PREFILL_MAX_VECS,
-    PREFILL_THREADS,
-)
+from .tuning import DECODE_MAX_VECS, DECODE_THREADS
 
 __all__ = ["ActAndMulConfig", "ActAndMul", "ACTIVATIONS"]
 
@@ -52,7 +49,7 @@ def _bits(dtype: str) -> int:
 class ActAndMul(KernelFamily):
     name = "act_and_mul"
     Config = ActAndMulConfig
-    plan_choices = ("decode", "mid", "bulk", "prefill")
+    plan_choices = ("decode", "mid", "bulk")
     device_module = "rose_aot.kernels.act_and_mul.device"
     shape_fields = ("d",)
 
@@ -88,22 +85,15 @@ class ActAndMul(KernelFamily):
         params = tuple(a.name for a in self.args(c, arch))
         vec = self.vec(c, arch)
         vectors = c.d // vec
-        out = []
-        for name, threads, vecs in (
-            ("decode", DECODE_THREADS, DECODE_MAX_VECS),
-            ("prefill", PREFILL_THREADS, PREFILL_MAX_VECS),
-        ):
-            # the chunks of a row in grid x: measured faster (chunked_rows.chunk_grid)
-            split = chunk_split(vectors, threads, vecs, chunks_in_x=True)
-            out.append(
-                Variant(name, (split.threads, 1, 1), params=params,
+        # the chunks of a row in grid x: measured faster (chunked_rows.chunk_grid)
+        split = chunk_split(vectors, DECODE_THREADS, DECODE_MAX_VECS, chunks_in_x=True)
+        shape = Variant("decode", (split.threads, 1, 1), params=params,
                         constants={**split.constants(), "vec": vec})
-            )
-        decode, *others = decode_variants(out[0], bulk=True)
-        return (decode, out[1], *others)
+        return decode_variants(shape, bulk=True)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        # Decode at every size: measured faster than the prefill shape everywhere (tuning.py).
+        # The decode shape at every size: measured level with or faster than the prefill
+        # shape everywhere (tuning.py).
         chosen = chunked_plan(variants, sizes["tokens"], sm_count, None, force)
         return () if chosen is None else (chosen,)

@@ -38,7 +38,7 @@ class ActAndMulFp8QuantConfig:
 class ActAndMulFp8Quant(KernelFamily):
     name = "act_and_mul_fp8_quant"
     Config = ActAndMulFp8QuantConfig
-    plan_choices = ("decode", "mid", "bulk", "prefill")
+    plan_choices = ("decode", "mid", "bulk")
     device_module = "rose_aot.kernels.act_and_mul_fp8_quant.device"
     shape_fields = ("d",)
 
@@ -49,11 +49,13 @@ class ActAndMulFp8Quant(KernelFamily):
         return quant_args(c, arch, c.d, 2 * c.d)
 
     def variants(self, c: ActAndMulFp8QuantConfig, arch: Arch) -> tuple[Variant, ...]:
-        return quant_variants(c, arch, c.d, tuple(a.name for a in self.args(c, arch)), bulk=True)
+        return quant_variants(c, arch, c.d, tuple(a.name for a in self.args(c, arch)),
+                              decode_only=True)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
-        # Decode at every size: measured faster than the prefill shape everywhere, 2.3-2.6x
-        # from 8192 tokens (act_and_mul/tuning.py); beyond the PDL limit as `bulk`.
+        # The decode shape at every size: measured faster than the prefill shape everywhere,
+        # 2.3-2.6x from 8192 tokens (act_and_mul/tuning.py), which is therefore not compiled;
+        # beyond the PDL limits as `bulk`.
         chosen = chunked_plan(variants, sizes["tokens"], sm_count, None, force)
         return () if chosen is None else (chosen,)

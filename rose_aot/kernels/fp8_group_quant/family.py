@@ -107,25 +107,26 @@ def quant_args(c, arch: Arch, width: int, x_width: int) -> tuple[TensorArg, ...]
 
 
 def quant_variants(c, arch: Arch, width: int, params: tuple[str, ...], *,
-                   narrow_prefill: bool = False, bulk: bool = False) -> tuple[Variant, ...]:
+                   narrow_prefill: bool = False, decode_only: bool = False) -> tuple[Variant, ...]:
     """decode, prefill and mid (chunked_rows.decode_variants); with `narrow_prefill`, a row of
     at most NARROW_ROW_VECTORS vectors takes the narrow prefill shape (fp8_group_quant:
-    measured, act_and_mul/tuning.py); with `bulk`, also the decode shape without its PDL
-    instructions (chunked_rows.bulk_variant)."""
+    measured, act_and_mul/tuning.py). With `decode_only` (a family that plans the decode shape
+    at every size): decode, mid and bulk, the decode shape without its PDL instructions
+    (chunked_rows.bulk_variant), and no prefill shape, which its plan would never pick."""
     vec = vector_width(c.dtype, access_bytes(arch, width * DTYPES[c.dtype].bits // 8))
     prefill = (PREFILL_THREADS, PREFILL_MAX_VECS)
     if narrow_prefill and width // vec <= NARROW_ROW_VECTORS:
         prefill = (NARROW_PREFILL_THREADS, NARROW_PREFILL_MAX_VECS)
+    shapes = [("decode", DECODE_THREADS, DECODE_MAX_VECS)]
+    if not decode_only:
+        shapes.append(("prefill", *prefill))
     out = []
-    for name, threads, vecs in (
-        ("decode", DECODE_THREADS, DECODE_MAX_VECS),
-        ("prefill", *prefill),
-    ):
+    for name, threads, vecs in shapes:
         split = chunk_split(width // vec, threads, vecs)
         constants = {**split.constants(), "vec": vec, "group_lanes": c.group // vec}
         out.append(Variant(name, (split.threads, 1, 1), params=params, constants=constants))
-    decode, *others = decode_variants(out[0], bulk=bulk)
-    return (decode, out[1], *others)
+    decode, *others = decode_variants(out[0], bulk=decode_only)
+    return (decode, *out[1:], *others)
 
 
 class Fp8GroupQuant(KernelFamily):
