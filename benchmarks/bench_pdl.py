@@ -71,7 +71,8 @@ def scales(groups):  # column-major, tokens padded to 4 (the TMA layout)
 x = torch.randn(tokens, H, device=dev, dtype=bf); res = torch.randn_like(x)
 w = torch.ones(H, device=dev, dtype=bf); h = torch.empty_like(x)
 q = torch.empty(tokens, H, device=dev, dtype=torch.float8_e4m3fn); s = scales(H // G)
-g = torch.randn(tokens, 2 * D, device=dev, dtype=bf); a = torch.empty(tokens, D, device=dev, dtype=bf)
+g = torch.randn(tokens, 2 * D, device=dev, dtype=bf)
+a = torch.empty(tokens, D, device=dev, dtype=bf)
 q2 = torch.empty(tokens, D, device=dev, dtype=torch.float8_e4m3fn); s2 = scales(D // G)
 def chain():
     for _ in range(5):
@@ -120,7 +121,8 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "pdl.json"), "w") as f:
         json.dump(rows, f, indent=2)
-    print("| chain | tokens | PDL | 20-kernel graph µs | per kernel µs | variants (quant/act/fused) |")
+    print("| chain | tokens | PDL | 20-kernel graph µs | per kernel µs "
+          "| variants (quant/act/fused) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['chain']} | {r['tokens']} | {'on' if r['pdl'] else 'off'} | "
