@@ -419,6 +419,45 @@ def test_bundle_whose_launch_facts_disagree_with_the_spec_is_refused(
     assert str(eager.value) == str(info.value)
 
 
+def _break_top8_split_wide(index, blobs):
+    """A record only a forced plan misreads: moe_combine's top-8 points without split_wide's
+    `chunks`, which their plan reads only when split_wide is forced (it picks that variant for
+    top-2/4 only: tests/test_variants_planned.py)."""
+    for point in index["points"]:
+        if point["family"] == "moe_combine" and point["config"]["top_k"] == 8:
+            wide = next(v for v in point["variants"] if v["name"] == "split_wide")
+            del wide["constants"]["chunks"]
+
+
+def test_forced_plans_are_checked_at_their_first_use_and_by_verify(shipped_build, tmp_path):
+    """A serving process launches only its plans' own choices: opening, check_records and the
+    artifacts' verification (preload's CPU side) check those, and a point's forced plans
+    (tests, benchmarks) wait for its first forced launch: check_forced_plans, the same
+    BundleError. `rose-aot verify` (KernelBundle(reader)) checks them all at once."""
+    path = _rewrite(shipped_build.path, tmp_path / "forced-misread.rosebundle",
+                    _break_top8_split_wide)
+    bundle = open_bundle(path)
+    assert bundle.check_artifacts() > 0  # a serving start of every arch
+    keys = sorted({p["key"] for p in bundle.index["points"]
+                   if p["family"] == "moe_combine" and p["config"]["top_k"] == 8})
+    assert keys, "the shipped manifests have no top-8 moe_combine point"
+    other = next(k for k in bundle.points("sm_90a") if not k.startswith("moe_combine"))
+    bundle.check_forced_plans(other, "sm_90a")  # the other points' forced plans pass
+    for attempt in range(2):  # a failed point stays unchecked: raised again
+        with pytest.raises(BundleError) as info:
+            bundle.check_forced_plans(keys[0], "sm_90a")
+        message = str(info.value)
+        assert "'chunks'" in message and "rebuild" in message and keys[0] in message
+    with pytest.raises(BundleError, match="chunks"):
+        bundle.check_forced_plans()
+    with pytest.raises(BundleError, match="chunks"):  # rose-aot verify's way
+        KernelBundle(BundleReader.open(path))
+    open_bundle(shipped_build.path).check_forced_plans()  # every forced plan of the shipped
+    for key, arch in (("nope", "sm_90a"), (["list"], None), (keys[0], "sm_90")):
+        with pytest.raises(ArgumentError, match="no point|no arch"):
+            bundle.check_forced_plans(key, arch)
+
+
 def test_malformed_index_record_is_a_bundle_error(shipped_build, tmp_path):
     """Every problem of a bundle is a BundleError (errors.py). A sha-verified container whose
     index records lack a field, or whose variant has no entries / no recorded parameter sizes,

@@ -69,8 +69,9 @@ def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBun
     (preload, or the first launch of its variant on a device), before any byte reaches the
     driver. Either raises the same BundleError an eager check raises; so a damaged record or
     cubin of another arch costs nothing and fails nothing (an H200 process does not read a
-    bundle's sm_100a records). `rose-aot verify` and KernelBundle(reader) check every record
-    and every artifact at once."""
+    bundle's sm_100a records). A point's forced plans (tests, benchmarks) are checked at its
+    first forced launch (check_forced_plans). `rose-aot verify` and KernelBundle(reader) check
+    every record, every forced plan and every artifact at once."""
     reader = BundleReader.open(path)
     check_signature(reader, trusted_keys)
     return KernelBundle(reader, use_ptx=use_ptx, check_artifacts=False)
@@ -83,8 +84,9 @@ class KernelBundle:
     every (point, arch) of the index: its family, config and key. The records are checked per
     arch (check_records): for each point of the arch, its record (read strictly), that the
     artifacts it names are in the bundle with the record's sha256, that each parameter is the
-    packing of its argument, and that this rose-aot's plan can launch from it. With
-    `check_artifacts` (the default; `rose-aot verify`) construction checks every arch's records
+    packing of its argument, and that this rose-aot's plan can launch from it (its forced
+    plans at the point's first forced launch: check_forced_plans). With `check_artifacts` (the
+    default; `rose-aot verify`) construction checks every arch's records and forced plans
     and decompresses every artifact a load would hand the driver, checks its sha256 and, for a
     cubin, its entries, block size and parameter sizes against the record. Without it
     (open_bundle), an arch's records are checked when the arch is first used and each artifact
@@ -114,6 +116,7 @@ class KernelBundle:
         # is atomic, and an arch is added only after its records are in the dicts above).
         self._archs_checked: set[str] = set()
         self._records_lock = threading.Lock()
+        self._forced_checked: set[tuple[str, str]] = set()  # (key, arch): check_forced_plans
         points = index.get("points", [])
         # Argument -> its packing: points share many argument specs (a ParamRecord takes longer
         # to derive than to look up).
@@ -142,6 +145,7 @@ class KernelBundle:
         self._lock = threading.Lock()
         if check_artifacts:
             self.check_artifacts()
+            self.check_forced_plans()
 
     # --- the record: read, bound to its artifacts, understood by this rose-aot ----------------
     def _malformed_as_bundle_error(self, point, check, *args):
@@ -249,10 +253,19 @@ class KernelBundle:
                         f"{where}: parameter {param.name!r} of variant {variant.name} is not the "
                         f"packing of the record's argument of that name; {_REBUILD}"
                     )
-        # Every launch the plan can issue, forced variants included, is in the record.
+        # Every launch the plan can issue is in the record; the forced plans (tests,
+        # benchmarks) at a point's first forced use (check_forced_plans): about three quarters
+        # of this check's plans, which a serving process never makes.
+        self._check_plans(where, family, config, record, arch, (None,))
+        return record
+
+    def _check_plans(self, where: str, family, config, record: PointRecord, arch,
+                     forces: tuple) -> None:
+        """BundleError unless every launch of these plans (each force, at the family's sample
+        sizes) names a variant and an entry of the record."""
         variants = record.by_name
         try:
-            for force in (None, *family.plan_choices):
+            for force in forces:
                 for sizes in family.sample_sizes(config):
                     for launch in family.plan(config, variants, sizes, arch.sm_count, force):
                         variants[launch.variant].entries[launch.entry]
@@ -262,7 +275,31 @@ class KernelBundle:
                 f"record ({type(exc).__name__}: {exc}); rebuild the bundle with the rose-aot "
                 f"version that serves it"
             ) from None
-        return record
+
+    def check_forced_plans(self, key: str | None = None, arch: str | None = None) -> None:
+        """Check that every forced plan (the family's plan_choices) of point `key` on `arch`
+        (None: every point, every arch) launches only variants and entries of its record,
+        once per (point, arch): a handle does it before its first forced launch, `rose-aot
+        verify` for every point. BundleError otherwise, the same as check_records raises."""
+        if isinstance(key, str) and (key, arch) in self._forced_checked:  # later forced calls
+            return
+        if key is not None and (not isinstance(key, str)
+                                or not any(k == key for k, _ in self._points)):
+            raise ArgumentError(f"check_forced_plans(): no point {key!r:.200} in {self.path}; "
+                                f"bundle.points() lists them")
+        self.check_records(arch)
+        if key is not None and arch is not None:  # a handle's first forced launch
+            todo = [(key, arch)] if (key, arch) in self._points else []
+        else:
+            todo = sorted(p for p in self._points
+                          if (key is None or p[0] == key) and (arch is None or p[1] == arch))
+        for k, a in todo:
+            if (k, a) in self._forced_checked:
+                continue
+            family, config = self._configs[k]
+            self._check_plans(f"{self.path}: {k} on {a}", family, config, self._records[k, a],
+                              get_arch(a), family.plan_choices)
+            self._forced_checked.add((k, a))
 
     # --- the artifacts: verified before a load hands them to the driver ------------------------
     def verified_image(self, key: str, arch: str, variant_name: str) -> bytes:
@@ -748,6 +785,8 @@ class KernelHandle:
         """The launches a call with these arguments would issue (nothing is launched)."""
         dims, _, device = self._binder_for(args).bind(args)
         record, _, _, _, sm_count = self._state(device)
+        if variant is not None:
+            self.bundle.check_forced_plans(self.key, self._device_arch[device])
         sizes = {n: dims[n] for n in self.family.size_names}
         return self.family.plan(self.config, record.by_name, sizes, sm_count, variant)
 
@@ -755,6 +794,8 @@ class KernelHandle:
         """The plan for (device, sizes): per launch (packer, variant name, prepared driver
         launch: function, grid, block, shared memory and attributes from the record)."""
         record, _, packers, _, sm_count = self._state(device)
+        if variant is not None:
+            self.bundle.check_forced_plans(self.key, self._device_arch[device])
         plan = self.family.plan(
             self.config, record.by_name, dict(zip(self.family.size_names, sizes)), sm_count, variant
         )

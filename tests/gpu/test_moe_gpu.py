@@ -302,3 +302,44 @@ def test_decode_dispatch_replays_in_a_cuda_graph(bundle):
     torch.cuda.synchronize()
     assert torch.equal(dev[-2], offsets_before)
     assert (dev[-1] != -7).all(), "positions not rewritten by the replays"
+
+
+def test_a_forced_launch_checks_its_points_forced_plans_first(bundle, tmp_path):
+    """A record that only a forced plan misreads (top-8 moe_combine without split_wide's
+    `chunks`, which its plan reads only when split_wide is forced) serves the plan's own
+    launches, as before; the point's first forced launch, or forced plan, raises the
+    BundleError the loader's record check raises (check_forced_plans), instead of the plan's
+    KeyError."""
+    import json
+
+    import torch
+
+    from rose_aot.bundle import BundleReader, write_bundle
+    from rose_aot.errors import BundleError
+
+    reader = BundleReader.open(bundle.path)
+    index = json.loads(json.dumps(reader.index))
+    tops = [p for p in index["points"]
+            if p["family"] == "moe_combine" and p["config"]["top_k"] == 8]
+    assert tops, "the bundle has no top-8 moe_combine point"
+    for point in tops:
+        wide = next(v for v in point["variants"] if v["name"] == "split_wide")
+        del wide["constants"]["chunks"]
+    path = tmp_path / "forced-misread.rosebundle"
+    write_bundle(path, index, {name: reader.blob(name) for name in reader.blob_names()})
+
+    values = tops[0]["config"]
+    c = get_family("moe_combine").make_config(**values)
+    y, pos, w = _combine_inputs(c, 3)
+    want = torch.empty(3, c.hidden, dtype=y.dtype, device="cuda")
+    bundle.kernel("moe_combine", **values)(y, pos, w, want)
+    handle = open_bundle(path).kernel("moe_combine", **values)
+    out = torch.full_like(want, float("nan"))
+    handle(y, pos, w, out)  # the plan's own launch
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    for forced in ("split_wide", "split"):  # any forced launch of the point: its plans first
+        with pytest.raises(BundleError, match="'chunks'.*rebuild"):
+            handle(y, pos, w, out, variant=forced)
+        with pytest.raises(BundleError, match="'chunks'"):
+            handle.plan(y, pos, w, out, variant=forced)
