@@ -9,7 +9,10 @@ The host's own speed drifts from call to call (DeepSeek-V3's open + preload meas
 against its baseline measured in the same run, alternating. A TREE is a folder holding the
 `rose_aot` package (a git worktree of the old commit; its C hot path is optional). Prints a
 table of medians; --out writes every run as JSON. --a-threads / --b-threads compare ways of
-preloading (preload(threads=N)) on one tree.
+preloading (preload(threads=N)) on one tree. --cpu ARCH needs no GPU: each process opens the
+bundle and verifies ARCH's records and artifacts as a preload would, without the driver's loads
+(warmup.py's cpu-side probe), so a change to the loader's CPU side can be judged on the build
+machine; its "preload" column is that verification.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ def main() -> None:
     parser.add_argument("--b-threads", type=_threads, metavar="N",
                         help="preload(threads=N) for B (default: preload()'s own default)")
     parser.add_argument("--repeats", type=int, default=8, help="cold processes per version")
+    parser.add_argument("--cpu", metavar="ARCH",
+                        help="no GPU: time open + the CPU side of a preload of ARCH's kernels "
+                             "(records and artifacts verified, nothing loaded)")
     parser.add_argument("--out", help="also write every run as JSON to this file")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -54,7 +60,7 @@ def main() -> None:
     from common import check_out
 
     check_out(parser, args.out)
-    from warmup import _GPU_PROBE, byte_compile  # the probe of the README's warmup table
+    from warmup import _CPU_PROBE, _GPU_PROBE, byte_compile  # the README's warmup probes
 
     for name in ("a", "b"):
         print(f"{name}: {byte_compile(getattr(args, name)[0])}", flush=True)
@@ -67,23 +73,29 @@ def main() -> None:
         for name in ("a", "b"):
             tree, bundle = getattr(args, name)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, *inherited]))
-            # argv: bundle, context first ("1"), preload threads ("" = preload()'s default)
+            # argv: bundle, context first ("1") or the CPU side's arch, preload threads ("" =
+            # preload()'s default, or 1 on the CPU side)
             threads = getattr(args, f"{name}_threads") or ""
-            done = subprocess.run([sys.executable, "-c", _GPU_PROBE, bundle, "1", threads],
+            probe, second = (_CPU_PROBE, args.cpu) if args.cpu else (_GPU_PROBE, "1")
+            done = subprocess.run([sys.executable, "-c", probe, bundle, second, threads],
                                   capture_output=True, text=True, env=env, cwd=tree)
             if done.returncode:
                 last = (done.stderr.strip().splitlines() or ["?"])[-1]
                 sys.exit(f"warmup_ab.py: version {name} failed: {last}")
             row = json.loads(done.stdout.strip().splitlines()[-1])
+            if args.cpu:  # the CPU side of a preload in the preload column
+                row["preload_ms"] = row.pop("preload_cpu_ms")
             row["total_ms"] = row["open_verify_ms"] + row["preload_ms"]
             runs[name].append(row)
             print(f"{name} {n + 1}/{args.repeats}: open {row['open_verify_ms']:.2f} preload "
                   f"{row['preload_ms']:.2f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"a": args.a, "b": args.b, "a_threads": args.a_threads or "default",
+            json.dump({"a": args.a, "b": args.b, "cpu_side_of": args.cpu,
+                       "a_threads": args.a_threads or "default",
                        "b_threads": args.b_threads or "default", "runs": runs}, f, indent=1)
-    print(f"\nmedians of {args.repeats} cold processes per version, alternating (ms)")
+    side = f"; preload = its CPU side for {args.cpu}, no GPU" if args.cpu else ""
+    print(f"\nmedians of {args.repeats} cold processes per version, alternating (ms{side})")
     print("| version | tree | bundle | preload threads | open + verify | preload | open + preload |")
     print("|---|---|---|---|---|---|---|")
     for name in ("a", "b"):

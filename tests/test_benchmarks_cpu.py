@@ -487,6 +487,37 @@ def test_warmup_ab_refuses_a_side_it_cannot_run_before_any_process(side, message
         assert "Traceback" not in run.stderr
 
 
+def test_warmup_ab_times_the_cpu_side_of_two_trees_without_a_gpu(shipped_bundle_path, tmp_path):
+    """--cpu ARCH: alternating cold processes of each tree, each importing its own rose_aot
+    (from the tree it names), opening the bundle and verifying ARCH's records and artifacts;
+    a table of medians and every run as JSON. A typo in the arch ends in one line."""
+    import shutil
+    import subprocess
+
+    other = tmp_path / "tree"
+    shutil.copytree(os.path.join(ROOT, "rose_aot"), other / "rose_aot",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    script = os.path.join(ROOT, "benchmarks", "warmup_ab.py")
+    out = tmp_path / "runs.json"
+    run = subprocess.run([sys.executable, script, "--cpu", "sm_90a", "--a",
+                          f"{ROOT}:{shipped_bundle_path}", "--b", f"{other}:{shipped_bundle_path}",
+                          "--repeats", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith(("| a |", "| b |"))]
+    assert [r.split("|")[2].strip() for r in rows] == [os.path.abspath(ROOT), str(other)]
+    runs = json.loads(out.read_text())
+    assert runs["cpu_side_of"] == "sm_90a"
+    for side in ("a", "b"):
+        (row,) = runs["runs"][side]
+        assert row["open_verify_ms"] > 0 and row["preload_ms"] > 0 and row["kernels"] > 0
+    run = subprocess.run([sys.executable, script, "--cpu", "sm_90", "--a",
+                          f"{ROOT}:{shipped_bundle_path}", "--b", f"{other}:{shipped_bundle_path}",
+                          "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert "version a failed" in run.stderr and "no arch 'sm_90'" in run.stderr
+
+
 def test_warmup_byte_compiles_the_package_the_probes_import(tmp_path):
     """warmup.py measures the import a serving image pays, from .pyc files: byte_compile
     writes them for a tree's rose_aot, and says so when there is none to compile."""
