@@ -56,6 +56,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.cpu is not None and not args.cpu.strip():
+        parser.error("--cpu needs an arch of the bundles, such as sm_90a")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from common import check_out
 

@@ -516,6 +516,10 @@ def test_warmup_ab_times_the_cpu_side_of_two_trees_without_a_gpu(shipped_bundle_
                           "--repeats", "1"], capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert "version a failed" in run.stderr and "no arch 'sm_90'" in run.stderr
+    run = subprocess.run([sys.executable, script, "--cpu", "", "--a",
+                          f"{ROOT}:{shipped_bundle_path}", "--b", f"{other}:{shipped_bundle_path}"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--cpu needs an arch" in run.stderr
 
 
 def test_warmup_byte_compiles_the_package_the_probes_import(tmp_path):
