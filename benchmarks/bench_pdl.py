@@ -14,6 +14,7 @@ Two chains, each five rounds of four kernels:
 Reported: GPU time per graph replay (do_bench_cudagraph median) and per kernel, with the
 variants the plan chose; output written to $OUT/pdl.json.
 """
+
 from __future__ import annotations
 
 import json
