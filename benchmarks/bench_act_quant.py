@@ -214,6 +214,8 @@ def bench_quant(bundle, tokens_list, widths, rows, fused):
     peer = fused_torch if fused else quant_torch
     compiled = compile_per_shape(peer)
     layouts = ("col_major_tma",) if fused else ("row_major", "col_major_tma")
+    # timed forced next to decode: the fused family has no prefill shape (act_and_mul/tuning.py)
+    other = "bulk" if fused else "prefill"
     for layout in layouts:
         for h in widths:
             if fused:
@@ -238,9 +240,7 @@ def bench_quant(bundle, tokens_list, widths, rows, fused):
                 impls = {
                     "rose_aot": lambda: ours(x, q, s),
                     "rose_aot_decode": lambda: ours(x, q, s, variant="decode"),
-                    # the fused family has no prefill shape (act_and_mul/tuning.py)
-                    "rose_aot_bulk" if fused else "rose_aot_prefill":
-                        lambda: ours(x, q, s, variant="bulk" if fused else "prefill"),
+                    f"rose_aot_{other}": lambda: ours(x, q, s, variant=other),
                     "torch_eager": lambda: peer(x, q, s, GROUP, False),
                     "torch_compile": lambda: compiled(x, q, s, GROUP, False),
                 }
