@@ -19,7 +19,7 @@ the processes so that a drift of the machine touches each alike:
                   load modules in parallel?
   breakdown       open_bundle and preload(0, threads=1) with a timer around each phase (reading
                   the file, decoding the index JSON, the blob table and frame headers, checking
-                  the points' records and plans, decompressing + hashing artifacts, checking
+                  the points' records and plans, reading + hashing the cubins (blob_view), checking
                   cubins against their records, cuModuleLoadData, cuModuleGetFunction): where
                   the time of open + preload goes. The timers add a few µs per call.
   cpu_breakdown   the same phases without a GPU: open_bundle and check_artifacts("sm_90a"), the
@@ -50,7 +50,7 @@ PHASES = (
     ("blob_table", "rose_aot.bundle.format", "_check_blob_table"),
     ("frame_headers", "rose_aot.bundle.format", "_check_frame_header"),
     ("records_and_plans", "rose_aot.loader.runtime", "KernelBundle._check_record"),
-    ("decompress_sha256", "rose_aot.bundle.format", "BundleReader._decompress"),
+    ("cubin_sha256", "rose_aot.bundle.format", "BundleReader.blob_view"),  # was: _decompress
     ("cubin_check", "rose_aot.kernels.record", "VariantRecord.check_cubin"),
     ("cuModuleLoadData", "rose_aot.loader.driver", "load_module"),
     ("cuModuleGetFunction", "rose_aot.loader.driver", "module_function"),

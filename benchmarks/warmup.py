@@ -20,7 +20,9 @@ Two halves, because the two paths run on different machines (exactly the product
   python benchmarks/warmup.py cpu-side build/models
 
 The GPU side prints a markdown table and writes warmup.json to $OUT (or benchmarks/results):
-medians of 5 cold processes; the JIT column is the DSL import plus the compile seconds of the
+medians of 5 cold processes per model, measured in rounds (each round one process per model,
+so a slow spell of the host touches every model alike; warmup.json is rewritten after each
+round, the table printed at the end); the JIT column is the DSL import plus the compile seconds of the
 model's sm_90a points from its build report (what a replica pays at every start without AOT).
 The CPU side prints its table only.
 
@@ -202,46 +204,62 @@ def gpu_side(models_dir: Path) -> None:
     doc = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0),
            "torch": torch.__version__, "dsl_import_ms": dsl, "repeats": REPEATS,
            "context_first": CONTEXT_FIRST, "byte_compiled": compiled, "rows": []}
-    # One row per model as soon as it is measured (and warmup.json rewritten), so a run cut
-    # by its time limit keeps the models it finished.
+    # The models are measured in rounds, each cold process of a round another model, so that
+    # a slow spell of the host (the lent machines have them: README "These figures depend on
+    # the host") touches every model alike, not the model measured during it. warmup.json is
+    # rewritten after each round (medians of the rounds so far), so a run cut by its time
+    # limit keeps what it measured.
+    reports = {b: json.loads(Path(str(b) + ".report.json").read_text()) for b in bundles}
+    runs: dict[tuple[Path, str], list[dict]] = {(b, t): [] for b in bundles
+                                                for t in PRELOAD_THREADS}
+    for n in range(REPEATS):
+        for bundle in bundles:
+            for threads in PRELOAD_THREADS:
+                out_text = _run(f"opening {bundle}", [sys.executable, "-c", _GPU_PROBE,
+                                                      str(bundle), "1" if CONTEXT_FIRST else "0",
+                                                      threads])
+                runs[bundle, threads].append(json.loads(out_text.strip().splitlines()[-1]))
+        doc["rows"] = [_gpu_row(b, reports[b], r, dsl) for (b, _), r in runs.items()]
+        doc["repeats"] = n + 1
+        (out / "warmup.json").write_text(json.dumps(doc, indent=2))
+        print(f"round {n + 1}/{REPEATS}: {len(bundles) * len(PRELOAD_THREADS)} cold processes",
+              file=sys.stderr, flush=True)
     print("| model | points | kernels | preload threads | import rose_aot ms | "
           "driver binding ms (once per process) | open + verify ms | preload ms | "
           "AOT per model ms (open + preload) | JIT (DSL import + compile) ms | x faster |"
           + (" CUDA context ms |" if CONTEXT_FIRST else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if CONTEXT_FIRST else ""),
-          flush=True)
-    for bundle in bundles:
-        report = json.loads(Path(str(bundle) + ".report.json").read_text())
-        compile_ms = 1e3 * sum(
-            v["compile_seconds"] for item in report["items"] for v in item["variants"]
-            if item["arch"] == "sm_90a"
-        )
-        measured = _measure(f"opening {bundle}", _GPU_PROBE,
-                            [str(bundle), "1" if CONTEXT_FIRST else "0"])
-        for runs in measured.values():
-            med = {k: statistics.median(r[k] for r in runs)
-                   for k in ("import_ms", "driver_binding_ms", "open_verify_ms", "preload_ms")}
-            if CONTEXT_FIRST:
-                med["context_ms"] = statistics.median(r["context_ms"] for r in runs)
-            aot_ms = med["open_verify_ms"] + med["preload_ms"]
-            jit_ms = dsl + compile_ms
-            r = {
-                "model": bundle.stem,
-                "points": len(report["items"]),
-                "kernels": runs[0]["kernels"],
-                "preload_threads": runs[0]["threads"],
-                **{k: round(v, 2) for k, v in med.items()},
-                "aot_after_import_ms": round(aot_ms, 2),
-                "jit_ms": round(jit_ms, 1),
-                "speedup": round(jit_ms / aot_ms, 1),
-            }
-            doc["rows"].append(r)
-            (out / "warmup.json").write_text(json.dumps(doc, indent=2))
-            print(f"| {r['model']} | {r['points']} | {r['kernels']} | {r['preload_threads']} | "
-                  f"{r['import_ms']:.1f} | {r['driver_binding_ms']:.1f} | "
-                  f"{r['open_verify_ms']:.2f} | {r['preload_ms']:.2f} | "
-                  f"{r['aot_after_import_ms']:.2f} | {r['jit_ms']:.0f} | {r['speedup']:.0f} |"
-                  + (f" {r['context_ms']:.0f} |" if CONTEXT_FIRST else ""), flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if CONTEXT_FIRST else ""))
+    for r in doc["rows"]:
+        print(f"| {r['model']} | {r['points']} | {r['kernels']} | {r['preload_threads']} | "
+              f"{r['import_ms']:.1f} | {r['driver_binding_ms']:.1f} | "
+              f"{r['open_verify_ms']:.2f} | {r['preload_ms']:.2f} | "
+              f"{r['aot_after_import_ms']:.2f} | {r['jit_ms']:.0f} | {r['speedup']:.0f} |"
+              + (f" {r['context_ms']:.0f} |" if CONTEXT_FIRST else ""), flush=True)
+
+
+def _gpu_row(bundle: Path, report: dict, runs: list[dict], dsl_ms: float) -> dict:
+    """One model's row: medians of its cold processes; the JIT column is the DSL import plus
+    the compile seconds of its sm_90a points from its build report."""
+    compile_ms = 1e3 * sum(v["compile_seconds"] for item in report["items"]
+                           for v in item["variants"] if item["arch"] == "sm_90a")
+    keys = ("import_ms", "driver_binding_ms", "open_verify_ms", "preload_ms")
+    med = {k: statistics.median(r[k] for r in runs)
+           for k in keys + (("context_ms",) if CONTEXT_FIRST else ())}
+    aot_ms = med["open_verify_ms"] + med["preload_ms"]
+    jit_ms = dsl_ms + compile_ms
+    return {
+        "model": bundle.stem,
+        "points": len(report["items"]),
+        "kernels": runs[0]["kernels"],
+        "preload_threads": runs[0]["threads"],
+        **{k: round(v, 2) for k, v in med.items()},
+        "aot_after_import_ms": round(aot_ms, 2),
+        "jit_ms": round(jit_ms, 1),
+        "speedup": round(jit_ms / aot_ms, 1),
+        # every process's open + preload, in round order: where a host runs in two modes,
+        # both show
+        "aot_each_ms": [round(r["open_verify_ms"] + r["preload_ms"], 2) for r in runs],
+    }
 
 
 def cpu_side(models_dir: Path, arch: str = "sm_90a") -> None:

@@ -296,6 +296,46 @@ def test_stored_blobs_are_framed_uncompressed(tmp_path):
     assert not (tmp_path / "x.rab").exists()
 
 
+def test_blob_view_is_the_files_own_bytes_where_a_frame_stores_them_whole(tmp_path):
+    cubin = b"\x7fELF" + bytes(range(256)) * 40
+    blobs = {"a.cubin": cubin, "b.cubin": cubin,  # one image twice (split / split_wide)
+             "big.cubin": b"\x7fELF" + bytes(300_000),  # stored in three raw blocks
+             "a.ptx": b".entry k;\n" * 3000}  # compressed
+    path = tmp_path / "v.rab"
+    write_bundle(path, INDEX, blobs, stored={"a.cubin", "b.cubin", "big.cubin"})
+    reader = BundleReader.open(path)
+    view = reader.blob_view("a.cubin")
+    assert view == cubin and view.readonly
+    assert view.obj is reader._data.obj, "the file's bytes, not a copy"
+    assert reader.blob_view("b.cubin") is view  # one checked view per image
+    for name in ("big.cubin", "a.ptx"):  # frames that do not hold the bytes whole: a copy
+        assert reader.blob_view(name) == blobs[name]
+        assert reader.blob_view(name).obj is reader.blob(name)
+    assert reader.blob("a.cubin") is reader.blob("b.cubin")  # one cached copy per image too
+    with pytest.raises(BlobNotFoundError, match="has no blob 'nope'"):
+        reader.blob_view("nope")
+
+
+def test_blob_view_checks_the_raw_digest_even_when_nothing_is_decompressed():
+    # The frame: a header and one raw block holding the payload (the stored form), so the view
+    # is taken from the file: its sha256 is what still guards it. A frame with a checksum
+    # after its block is not the stored form: decompressed, and checked the same way.
+    for payload in (b"payload", b""):
+        good = raw_frame(len(payload), payload)
+        reader = BundleReader.from_bytes(crafted({"a": (good, payload)}))
+        assert reader._stored_bytes(reader._blobs["a"]) is not None
+        assert reader.blob_view("a") == payload
+        reader = BundleReader.from_bytes(crafted({"a": (good, payload)},
+                                                 a={"raw_sha256": "0" * 64}))
+        with pytest.raises(BundleError, match="decompressed bytes differs"):
+            reader.blob_view("a")
+    two_blocks = raw_frame(7, b"pay")[:-6] + ((3 << 3).to_bytes(3, "little") + b"pay"
+                                              + (4 << 3 | 1).to_bytes(3, "little") + b"load")
+    reader = BundleReader.from_bytes(crafted({"a": (two_blocks, b"payload")}))
+    assert reader._stored_bytes(reader._blobs["a"]) is None
+    assert reader.blob_view("a") == b"payload"
+
+
 def test_unknown_blob(bundle_bytes):
     reader = BundleReader.from_bytes(bundle_bytes, path="x.rab")
     with pytest.raises(BlobNotFoundError, match=r"x\.rab: the bundle has no blob 'nope'") as info:
@@ -335,10 +375,11 @@ def test_every_single_bit_flip_is_detected(tmp_path, stored):
             # anything but its original bytes: each decompressed blob is checked first.
             reader = BundleReader.from_bytes(bytes(damaged))
             for name, raw in blobs.items():
-                try:
-                    assert reader.blob(name) == bytes(raw), (pos, name)
-                except BundleError:
-                    pass
+                for read in (reader.blob, reader.blob_view):  # the view: what a load gets
+                    try:
+                        assert read(name) == bytes(raw), (pos, name, read)
+                    except BundleError:
+                        pass
     assert sum(where.values()) == len(bundle_bytes)
     assert where["verify"] > 0, "frame bodies are checked where they are used, not at open"
 

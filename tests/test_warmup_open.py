@@ -53,8 +53,9 @@ def test_open_decompresses_no_artifact(tiny_build, monkeypatch):
     """Opening reads the index only; checking one arch's artifacts decompresses exactly that
     arch's cubins (a point of another arch costs nothing)."""
     asked = []
-    real = BundleReader.blob
-    monkeypatch.setattr(BundleReader, "blob", lambda self, name: asked.append(name) or real(self, name))
+    real = BundleReader.blob_view  # what a load reads a cubin with
+    monkeypatch.setattr(BundleReader, "blob_view",
+                        lambda self, name: asked.append(name) or real(self, name))
     bundle = open_bundle(tiny_build.path)
     assert asked == []
     assert bundle.check_artifacts("sm_90a") == len(asked) > 0
@@ -330,3 +331,18 @@ def test_a_device_of_an_arch_with_a_bad_record_is_refused_at_every_use(tiny_buil
     assert 0 not in bundle._device_arch and bundle._archs_checked == set()
     bundle.check_records("sm_100a")
     assert bundle._archs_checked == {"sm_100a"}
+
+
+def test_variants_with_the_same_image_share_one_module(shipped_build, recorded_loads):
+    """Variants whose cubins are the same bytes (moe_combine's split and split_wide at top-8,
+    the routing kernel of two FP8 dispatch points) load one module per device; each variant
+    still gets its own entries, and each cubin is checked against each record."""
+    bundle = open_bundle(shipped_build.path)
+    tasks = bundle._variants("sm_90a")
+    digests = {bundle.record(k, a).variant(v).cubin_sha256 for k, a, v in tasks}
+    assert len(digests) < len(tasks), "the shipped manifests have no shared image any more"
+    for task in tasks:
+        entries = bundle.record(task[0], task[1]).variant(task[2]).entries
+        assert bundle._load_kernels(0, *task) == list(entries)
+    assert len(recorded_loads) == len(set(recorded_loads)) == len(digests)
+    assert bundle._cubins_checked >= set(tasks)

@@ -132,9 +132,13 @@ class KernelBundle:
             family, config = self._malformed_as_bundle_error(point, self._check_config, point)
             self._points[(point["key"], point["arch"])] = point
             self._configs.setdefault(point["key"], (family, config))
-        # (device, key, arch, variant name) -> its module in the device's context (kept: its
-        # functions live as long as it does)
-        self._modules: dict[tuple[int, str, str, str], object] = {}
+        # (device, sha256 of the image) -> its module in the device's context and the entries
+        # taken from it: {entry: [CUfunction, the dynamic shared memory it allows]}. Variants
+        # whose images are the same bytes share one module (DeepSeek-V3: 2 of 55, moe_combine's
+        # split and split_wide at top-8, and the routing kernel of its two FP8 dispatch
+        # points). Kept: the functions live as long as their module.
+        self._modules: dict[tuple[int, str], tuple[object, dict[str, list]]] = {}
+        # (device, key, arch, variant name) -> CUfunctions of the variant's entries
         self._device_kernels: dict[tuple[int, str, str, str], list] = {}
         self._device_arch: dict[int, str] = {}
         self._sm_counts: dict[int, int] = {}
@@ -302,9 +306,10 @@ class KernelBundle:
             self._forced_checked.add((k, a))
 
     # --- the artifacts: verified before a load hands them to the driver ------------------------
-    def verified_image(self, key: str, arch: str, variant_name: str) -> bytes:
+    def verified_image(self, key: str, arch: str, variant_name: str) -> bytes | memoryview:
         """What a load of the variant hands the driver: its cubin (with use_ptx, its PTX,
-        NUL-terminated), decompressed and checked against its sha256 by the reader, and a cubin
+        NUL-terminated), checked against its sha256 by the reader (a cubin as a read-only view
+        of the bundle's bytes where they hold it whole: BundleReader.blob_view), and a cubin
         also against its record: its entries, the block size it was compiled for and its
         parameter sizes (so an artifact stored under the wrong point or variant never reaches
         the driver). BundleError otherwise. The CPU side of every load; safe from any thread."""
@@ -313,7 +318,7 @@ class KernelBundle:
         raw, record = self._variants_by_name[checked]
         if self.use_ptx:
             return self.reader.blob(raw["ptx"]) + b"\0"
-        cubin = self.reader.blob(raw["cubin"])
+        cubin = self.reader.blob_view(raw["cubin"])
         if checked not in self._cubins_checked:
             try:
                 record.check_cubin(cubin)
@@ -462,27 +467,32 @@ class KernelBundle:
                 f"needs {arch}"
             )
         image = self.verified_image(key, arch, variant_name)
-        self._keep_loaded(cache_key, *self._load_variant(image, device, key, arch, variant_name))
-        return self._device_kernels[cache_key]
+        kernels = self._device_kernels[cache_key] = self._load_variant(image, device, key, arch,
+                                                                       variant_name)
+        return kernels
 
-    def _load_variant(self, image: bytes, device: int, key: str, arch: str,
-                      variant_name: str) -> tuple:
-        """(module, CUfunctions of the entries) of one variant, loaded from its verified image
-        into the current context (that of `device`). Stores nothing: the caller does
-        (_keep_loaded), holding the bundle's lock."""
+    def _load_variant(self, image: bytes | memoryview, device: int, key: str, arch: str,
+                      variant_name: str) -> list:
+        """CUfunctions of one variant's entries, from its verified image: from the module of
+        `device` that holds the same bytes already, else from a module loaded now into the
+        current context (that of `device`). The caller holds the bundle's lock."""
         record = self.record(key, arch).variant(variant_name)
-        module = driver.load_module(image, f"{key} {variant_name} ({arch}) on cuda:{device}")
+        digest = record.ptx_sha256 if self.use_ptx else record.cubin_sha256
+        loaded = self._modules.get((device, digest))
+        if loaded is None:
+            module = driver.load_module(image, f"{key} {variant_name} ({arch}) on cuda:{device}")
+            loaded = self._modules[(device, digest)] = (module, {})
+        module, functions = loaded
         kernels = []
         for entry in record.entries:
-            function = driver.module_function(module, entry)
-            if record.smem > 48 * 1024:
-                driver.set_max_dynamic_smem(function, record.smem, entry)
-            kernels.append(function)
-        return module, kernels
-
-    def _keep_loaded(self, cache_key: tuple, module, kernels: list) -> None:
-        self._modules[cache_key] = module
-        self._device_kernels[cache_key] = kernels
+            function = functions.get(entry)
+            if function is None:
+                function = functions[entry] = [driver.module_function(module, entry), 48 * 1024]
+            if record.smem > function[1]:  # the most any variant sharing it launches with
+                driver.set_max_dynamic_smem(function[0], record.smem, entry)
+                function[1] = record.smem
+            kernels.append(function[0])
+        return kernels
 
     def sm_count(self, device: int) -> int:
         """The device's SM count (cuDeviceGetAttribute), read once: plans size cooperative and
@@ -553,8 +563,8 @@ class KernelBundle:
                 for task, (ok, result) in zip(todo, verified):
                     if ok:
                         try:
-                            self._keep_loaded((device, *task),
-                                              *self._load_variant(result, device, *task))
+                            self._device_kernels[(device, *task)] = self._load_variant(
+                                result, device, *task)
                             continue
                         except Exception as exc:
                             result = exc

@@ -112,6 +112,16 @@ def test_preload_on_threads_loads_every_kernel_that_then_runs(shipped_bundle_pat
                for v in bundle.record(key, arch).variants)
     assert bundle.preload(device, threads=threads) == want
     assert sum(len(k) for (d, *_), k in bundle._device_kernels.items() if d == device) == want
+    # Variants whose cubins are the same bytes (moe_combine's split and split_wide at top-8...)
+    # share one module: the same functions (test_moe_gpu launches each and compares them).
+    by_digest, variants = {}, 0
+    for key in bundle.points(arch):
+        for v in bundle.record(key, arch).variants:
+            kernels = [int(k) for k in bundle._device_kernels[(device, key, arch, v.name)]]
+            assert by_digest.setdefault(v.cubin_sha256, kernels) == kernels, (key, v.name)
+            variants += 1
+    assert len(by_digest) < variants
+    assert {digest for d, digest in bundle._modules if d == device} == set(by_digest)
     _norm_runs_without_loading(bundle, threads)
 
 
