@@ -22,8 +22,9 @@ Two halves, because the two paths run on different machines (exactly the product
 The GPU side prints a markdown table and writes warmup.json to $OUT (or benchmarks/results):
 medians of 5 cold processes per model, measured in rounds (each round one process per model,
 so a slow spell of the host touches every model alike; warmup.json is rewritten after each
-round, the table printed at the end); the JIT column is the DSL import plus the compile seconds of the
-model's sm_90a points from its build report (what a replica pays at every start without AOT).
+round, the table printed at the end); the JIT column is the DSL import plus the compile
+seconds of the model's sm_90a points from its build report (what a replica pays at every start
+without AOT).
 The CPU side prints its table only.
 
 ROSE_WARMUP_PRELOAD_THREADS=1,4 (a list of positive integers; default: preload()'s own choice,

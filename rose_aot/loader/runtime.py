@@ -54,6 +54,8 @@ PRELOAD_THREADS = 1
 # image until the driver has it, so this bounds the memory of a pipeline over huge cubins
 # (DeepSeek-V3's largest is 72 KB).
 PRELOAD_LOOKAHEAD = 8
+# Dynamic shared memory a kernel may launch with before cuFuncSetAttribute raises its limit.
+_SMEM_WITHOUT_OPT_IN = 48 * 1024
 
 
 def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBundle":
@@ -487,7 +489,8 @@ class KernelBundle:
         for entry in record.entries:
             function = functions.get(entry)
             if function is None:
-                function = functions[entry] = [driver.module_function(module, entry), 48 * 1024]
+                function = functions[entry] = [driver.module_function(module, entry),
+                                               _SMEM_WITHOUT_OPT_IN]
             if record.smem > function[1]:  # the most any variant sharing it launches with
                 driver.set_max_dynamic_smem(function[0], record.smem, entry)
                 function[1] = record.smem
