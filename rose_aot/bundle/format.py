@@ -30,7 +30,9 @@ The header digest covers the index and the index's digests cover every frame.
 :meth:`BundleReader.open` checks the header, the index, the blob table and every frame's header
 (which bounds what its decompression allocates); a blob's bytes are checked where they are used:
 :meth:`BundleReader.blob` checks what the frame decompresses to against raw_sha256 before
-returning it, :meth:`BundleReader.verify` both digests of every blob. The reader treats the file
+returning it (:meth:`BundleReader.blob_view` the same bytes without a copy where a stored frame
+holds them in one raw block: what a preload hands the driver), :meth:`BundleReader.verify` both
+digests of every blob. The reader treats the file
 as hostile: each length and size is checked against the file and the MAX_* limits before
 anything is allocated, and every problem is a :class:`BundleError`.
 """
