@@ -195,6 +195,15 @@ def gpu_side(models_dir: Path) -> None:
     if not (models_dir / "dsl-import.json").is_file() or not bundles:
         sys.exit(f"{models_dir} has no bundles and dsl-import.json; run "
                  f"`python benchmarks/warmup.py build-side {models_dir} manifests/*.toml` first")
+    # Every build report (the JIT column) before the first cold process, not at the end.
+    reports = {}
+    for bundle in bundles:
+        try:
+            reports[bundle] = json.loads(Path(str(bundle) + ".report.json").read_text())
+        except (OSError, ValueError) as exc:
+            sys.exit(f"warmup.py: {bundle}: no readable build report ({exc}); build the models "
+                     f"with `python benchmarks/warmup.py build-side {models_dir} "
+                     f"manifests/*.toml`")
     if not torch.cuda.is_available():
         sys.exit("warmup.py gpu-side needs a CUDA GPU")
     dsl = json.loads((models_dir / "dsl-import.json").read_text())["dsl_import_ms"]
@@ -210,7 +219,6 @@ def gpu_side(models_dir: Path) -> None:
     # the host") touches every model alike, not the model measured during it. warmup.json is
     # rewritten after each round (medians of the rounds so far), so a run cut by its time
     # limit keeps what it measured.
-    reports = {b: json.loads(Path(str(b) + ".report.json").read_text()) for b in bundles}
     runs: dict[tuple[Path, str], list[dict]] = {(b, t): [] for b in bundles
                                                 for t in PRELOAD_THREADS}
     for n in range(REPEATS):

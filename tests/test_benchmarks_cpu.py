@@ -134,6 +134,22 @@ def test_warmup_cpu_side_names_a_bundle_that_does_not_open(tmp_path):
     assert "rose_aot.errors" in last and "Traceback" not in run.stderr
 
 
+def test_warmup_gpu_side_names_a_missing_build_report_before_measuring(tmp_path):
+    """The JIT column needs each bundle's build report: one missing ends the GPU side in one
+    line naming it, before any process is measured (and, on a CPU machine, before the GPU
+    check)."""
+    import subprocess
+
+    (tmp_path / "dsl-import.json").write_text('{"dsl_import_ms": 400}')
+    (tmp_path / "a.rosebundle").write_bytes(b"")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warmup.py"),
+                          "gpu-side", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"warmup.py: {tmp_path / 'a.rosebundle'}: no readable build report")
+    assert "warmup.py build-side" in last
+
+
 @pytest.mark.parametrize("extra, code, message", [
     (["hidden"], 2, "a config field is FIELD=VALUE, got 'hidden'"),
     (["hidden=7168"], 1, "ncu_point.py needs a CUDA GPU"),

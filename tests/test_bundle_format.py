@@ -314,6 +314,8 @@ def test_blob_view_is_the_files_own_bytes_where_a_frame_stores_them_whole(tmp_pa
     assert reader.blob("a.cubin") is reader.blob("b.cubin")  # one cached copy per image too
     with pytest.raises(BlobNotFoundError, match="has no blob 'nope'"):
         reader.blob_view("nope")
+    with pytest.raises(BlobNotFoundError, match=r"has no blob \['unhashable'\]"):
+        reader.blob_view(["unhashable"])
 
 
 def test_blob_view_checks_the_raw_digest_even_when_nothing_is_decompressed():
