@@ -741,3 +741,26 @@ def test_gpu_suite_checks_pass_on_the_reference_and_catch_errors(family, values)
         views["padding"].zero_()
         with pytest.raises(AssertionError, match="padding"):
             cases.compare(family, c, want, views, "padding written")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_nvfp4_reference_multiplies_by_the_blocks_factor(dtype):
+    """NVFP4's data are e2m1(fp32(x * fp32(g / scale))): on the GPU suite's rows that tell it
+    from a quotient per element (fp32(fp32(x * g) / scale), the definition before), the
+    reference gives the factor's codes, and they differ from the quotient's."""
+    cases = _gpu_cases()
+    fam, c = _point("nvfp4_quant", hidden=256, dtype=dtype, scale_layout="row_major")
+    x = cases.nvfp4_factor_rows(c.hidden, dtype)
+    t = x.shape[0]
+    q = torch.zeros(t, c.hidden // 2, dtype=torch.uint8)
+    s = torch.zeros(t, c.hidden // 16, dtype=torch.uint8)
+    fam.reference(c, x, torch.tensor([1.0]), q.view(torch.float4_e2m1fn_x2),
+                  s.view(torch.float8_e4m3fn))
+    codes = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(t, c.hidden)
+    scale = s.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=1)
+    factor = torch.where(scale == 0, torch.zeros_like(scale), 1.0 / scale)  # g = 1
+    from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
+
+    assert torch.equal(codes, e2m1_codes((x.float() * factor).double()))
+    differ = codes != cases.nvfp4_quotient_codes(x)
+    assert differ.sum() >= 40, int(differ.sum())  # one element per block built to differ

@@ -115,11 +115,9 @@ def _expected_block(vals, fmt, g=None):
     g = Fraction(g)
     s = _fp32(_fp32(amax * g) / 6)
     byte, sb = _e4m3_exact(min(s, Fraction(448)))
-    codes = []
-    for v in vals:
-        xg = _fp32(Fraction(v) * g)
-        neg = math.copysign(1, v) < 0
-        codes.append(_e2m1_exact(_fp32(xg / sb), neg) if sb != 0 else (8 if neg else 0))
+    # the block's factor fp32(g / scale) (finite here), then one fp32 product per element
+    factor = _fp32(g / sb) if sb != 0 else Fraction(0)
+    codes = [_e2m1_exact(_fp32(Fraction(v) * factor), math.copysign(1, v) < 0) for v in vals]
     return codes, byte
 
 

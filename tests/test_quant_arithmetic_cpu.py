@@ -407,6 +407,39 @@ def test_e4m3_byte_value_and_reciprocal():
         assert np.array_equal(_bits(got), _bits(exact)), ulps
 
 
+def test_nvfp4_factor_is_the_correctly_rounded_quotient_of_the_global_scale():
+    """NVFP4's per-block factor as the kernel forms it (E4M3_BYTE_VALUE_PTX, E4M3_RECIPROCAL_PTX
+    from any MUFU.RCP start within 1 ulp, QUOTIENT_PTX) is fp32(g / scale) for every e4m3 scale
+    and global scales g across the documented range 2^-100 .. 2^100 (full 24-bit mantissas,
+    the range's ends and powers of two), and 0 for a zero scale."""
+    import torch
+
+    from rose_aot.kernels.block_scaled_quant.device import (E4M3_BYTE_VALUE_PTX,
+                                                             E4M3_RECIPROCAL_PTX)
+    from rose_aot.kernels.device_utils import QUOTIENT_PTX
+
+    rng = np.random.default_rng(2)
+    gs = np.concatenate([
+        (rng.uniform(1, 2, 3000) * 2.0 ** rng.integers(-100, 100, 3000)).astype(f32),
+        np.array([2.0**-100, 2.0**100, 1.0, 448.0 * 6.0, np.nextafter(f32(2.0**100), f32(0))],
+                 dtype=f32),
+    ])
+    byte = np.arange(0, 0x7F, dtype=u32)
+    scale = torch.from_numpy(byte.astype(np.uint8)).view(torch.float8_e4m3fn).float().numpy()
+    b, g = (a.ravel() for a in np.meshgrid(byte, gs))
+    s, _ = (a.ravel() for a in np.meshgrid(scale, gs))
+    value = run_ptx(E4M3_BYTE_VALUE_PTX, b)
+    with np.errstate(divide="ignore"):
+        want = np.where(s == 0, f32(0), (g.astype(f64) / s.astype(f64)).astype(f32))
+    for ulps in (-1, 0, 1):
+        recip = run_ptx(E4M3_RECIPROCAL_PTX, value, rcp_ulps=ulps)
+        got = _float(run_ptx(QUOTIENT_PTX, _bits(g), value, recip))
+        bad = _bits(got) != _bits(want)
+        assert not bad.any(), (f"{int(bad.sum())} factors differ (rcp {ulps:+d} ulp); first "
+                               f"g={g[bad][0]!r} scale={s[bad][0]!r}: got {got[bad][0]!r} "
+                               f"want {want[bad][0]!r}")
+
+
 def test_the_interpreter_knows_every_instruction_of_the_ptx():
     """A new instruction in the kernels' PTX must be taught to run_ptx (else it raises)."""
     from rose_aot.kernels.block_scaled_quant import device

@@ -19,7 +19,7 @@ Tolerances (one table, with the reason):
 
 from __future__ import annotations
 
-__all__ = ["make_case", "poison", "compare", "E4M3_NAN"]
+__all__ = ["make_case", "poison", "compare", "nvfp4_factor_rows", "nvfp4_quotient_codes", "E4M3_NAN"]
 
 E4M3_NAN = 0x7F
 BLOCK_SCALED = ("block_scaled_quant", "nvfp4_quant")
@@ -122,6 +122,58 @@ def _block_scaled_case(family_name, config, tokens, gen, dt, device):
     q_dev, s_dev = q.to(device).view(qdt), s.to(device).view(sdt)
     want = {"q": want_q, "scales": want_s}
     return (*dev_inputs, q_dev, s_dev), want, {"q": q_dev, "scales": s_dev}
+
+
+def nvfp4_factor_rows(hidden: int, dtype: str):
+    """Rows of x [tokens, hidden] (CPU, `dtype`) for nvfp4_quant with the global scale g = 1,
+    made of 16-element blocks (amax, x, 0, ...) where x * fp32(1 / scale) (NVFP4's definition:
+    one factor per block) and fp32(x / scale) (a quotient per element) round to different e2m1
+    codes: x / scale sits within an ulp of an e2m1 midpoint. amax = 6 scale sets the scale;
+    x = the bf16/fp16 values nearest midpoint * scale, and their neighbours. The rest of the last
+    row is zeros."""
+    import torch
+
+    from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
+
+    dt = getattr(torch, dtype)
+    scales = torch.arange(0x08, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    s = scales.repeat_interleave(len(mids))
+    m = mids.repeat(len(scales))
+    amax = (6.0 * s).to(dt).float()
+    blocks = []
+    for step in (-2, -1, 0, 1, 2):
+        x = (m * s).to(dt)
+        x = (x.view(torch.int16) + step).view(dt).float()
+        with torch.no_grad():
+            scale = (amax / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn).float()
+            new = e2m1_codes(x * (1.0 / scale))
+            old = e2m1_codes(x / scale)
+        keep = (scale == s) & (x.abs() <= amax) & x.isfinite() & (new != old)
+        blocks.append(torch.stack([amax[keep], x[keep]], dim=1))
+    pairs = torch.cat(blocks)
+    per_row = hidden // 16
+    rows = -(-len(pairs) // per_row)
+    out = torch.zeros(rows * per_row, 16)
+    out[: len(pairs), :2] = pairs
+    return out.reshape(rows, hidden).to(dt)
+
+
+def nvfp4_quotient_codes(x, g: float = 1.0):
+    """[tokens, hidden] e2m1 codes (uint8, unpacked) of x under a quotient per element,
+    fp32(fp32(x * g) / scale), the definition NVFP4 had before its per-block factor: what a
+    test compares with to show that its rows tell the two apart."""
+    import torch
+
+    from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
+
+    t, h = x.shape
+    xf = x.float().reshape(t, h // 16, 16)
+    g = torch.tensor(g, dtype=torch.float32)
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = ((amax * g) / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn).float()
+    q = torch.where(scale == 0, xf * 0.0, (xf * g) / scale)
+    return e2m1_codes(q.reshape(t, h).double())
 
 
 def poison(family_name: str, views: dict) -> None:

@@ -21,7 +21,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from act_quant_cases import compare, make_case, poison  # noqa: E402
+from act_quant_cases import (compare, make_case, nvfp4_factor_rows, nvfp4_quotient_codes,  # noqa: E402
+                             poison)
 
 from rose_aot import open_bundle  # noqa: E402
 from rose_aot.kernels import get_family  # noqa: E402
@@ -175,6 +176,37 @@ def test_every_input_value_quantizes_bit_exactly(bundle, shuffle):
         torch.cuda.synchronize()
         order = "shuffled" if shuffle else "ordered"
         compare(family_name, c, want, views, f"{family.key(c)} every value ({order})")
+
+
+def test_nvfp4_multiplies_each_block_by_its_factor(bundle):
+    """Every nvfp4_quant point, each variant, on rows built so that x * fp32(g / scale) (the
+    definition) and a quotient per element round to different e2m1 codes: bit-exact against
+    the reference, and the rows do tell the two apart."""
+    import torch
+
+    points = [v for f, v in _points(bundle) if f == "nvfp4_quant"]
+    assert points
+    family = get_family("nvfp4_quant")
+    for values in points:
+        c = family.make_config(**values)
+        x = nvfp4_factor_rows(c.hidden, c.dtype)
+        tokens = x.shape[0]
+        _, _, views = make_case("nvfp4_quant", c, tokens, seed=5)
+        g = torch.tensor([1.0])
+        q, s = views["q"], views["scales"]
+        want = {"q": torch.empty(q.shape, dtype=torch.uint8),
+                "scales": s.view(torch.uint8).cpu().clone()}
+        family.reference(c, x, g, want["q"].view(q.dtype), want["scales"].view(s.dtype))
+        codes = torch.stack([want["q"] & 0xF, want["q"] >> 4], dim=-1).reshape(tokens, c.hidden)
+        assert (codes != nvfp4_quotient_codes(x)).sum() >= 40
+        want = {k: v.cuda() for k, v in want.items()}
+        handle = bundle.kernel("nvfp4_quant", **values)
+        for variant in (None, *family.plan_choices):
+            poison("nvfp4_quant", views)
+            handle(x.cuda(), g.cuda(), q, s, variant=variant)
+            torch.cuda.synchronize()
+            compare("nvfp4_quant", c, want, views,
+                    f"{family.key(c)} factor rows {variant or 'auto'}")
 
 
 # Tokens of a 4096-wide bf16 row (512 threads of 8 elements in the decode shapes): the early PDL

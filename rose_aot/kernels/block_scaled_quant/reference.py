@@ -88,10 +88,10 @@ def quantize(config, x, global_scale=None):
         sb = s.clamp(max=448.0).to(torch.float8_e4m3fn)
         scale_bytes = sb.view(torch.uint8)
         sbf = sb.float().unsqueeze(-1)
-        xq = (blocks.float() * g) / sbf
-        # an all-zero scale divides by +inf in the kernel: signed zeros
-        q = torch.where(sbf == 0, torch.copysign(torch.zeros_like(xq), blocks.float() * g), xq)
-        q = q.double()
+        # the block's factor, a float32 divide (0 for a zero scale), then a float32 multiply
+        # per element (x * 0 keeps x's sign)
+        factor = torch.where(sbf == 0, torch.zeros_like(sbf), g / sbf)
+        q = (blocks.float() * factor).double()
     if config.format == "mxfp8":
         data = q.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
         data = data.reshape(t, h)
