@@ -14,13 +14,14 @@ Definitions (absmax ignores NaN; inputs are expected finite):
          recipe; OCP's spec rounds down and saturates); scale byte = e + 127;
          data = round(x * 2^-e) (exact product, one rounding).
   NVFP4: s = fp32(fp32(absmax * g) / 6); scale = e4m3(s) (nearest even, saturating);
-         data = e2m1(fp32(fp32(x * g) / scale)), and +-0 where the scale is 0.
+         data = e2m1(fp32(x * fp32(g / scale))), and +-0 where the scale is 0.
   e4m3 and e2m1 roundings are to nearest, ties to even, saturating (e2m1 at +-6).
 The sm_100a build converts to e2m1 with the native cvt.rn.satfinite.e2m1x2.f32; the sm_90a build
 rounds each fp32 pair to odd at bf16 precision and codes the pair in bf16x2 arithmetic
 (Veltkamp's splitting) and a few integer instructions, 8 codes to a word (device.py
-E2M1_WORD_PTX), same results. The NVFP4 quotient is device_utils.quotient
-(a reciprocal per block and a correction step, exact).
+E2M1_WORD_PTX), same results. NVFP4's factor fp32(g / scale) is device_utils.quotient (the
+scale's reciprocal and a correction step, once per block; exact for 2^-100 <= g <= 2^100), then
+one fp32 multiply per element.
 
 Scale layouts (``scale_layout``):
 - ``swizzled_128x4`` (CUTLASS / cuBLAS block-scaled GEMMs): a [rows_padded, groups_padded]

@@ -6,7 +6,8 @@ the global scale (one family, one signature): definitions, layouts, work split a
 are block_scaled_quant's (see block_scaled_quant/family.py):
 
   s = fp32(fp32(absmax * g) / 6); scale = e4m3(s) (nearest even, saturating);
-  data = e2m1(fp32(fp32(x * g) / scale)), +-0 where the scale is 0.
+  data = e2m1(fp32(x * fp32(g / scale))), +-0 where the scale is 0 (the block's factor, exact
+  for 2^-100 <= g <= 2^100: g = 448 * 6 / amax for any tensor amax from 2^-88 to 2^111).
 
 Arguments: x [tokens, hidden], global_scale [1] fp32, q [tokens, hidden/2] float4_e2m1fn_x2,
 scales float8_e4m3fn ([rows_padded, groups_padded] swizzled_128x4, or [tokens, hidden/16]).
