@@ -748,6 +748,8 @@ def test_nvfp4_reference_multiplies_by_the_blocks_factor(dtype):
     """NVFP4's data are e2m1(fp32(x * fp32(g / scale))): on the GPU suite's rows that tell it
     from a quotient per element (fp32(fp32(x * g) / scale), the definition before), the
     reference gives the factor's codes, and they differ from the quotient's."""
+    from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
+
     cases = _gpu_cases()
     fam, c = _point("nvfp4_quant", hidden=256, dtype=dtype, scale_layout="row_major")
     x = cases.nvfp4_factor_rows(c.hidden, dtype)
@@ -759,8 +761,6 @@ def test_nvfp4_reference_multiplies_by_the_blocks_factor(dtype):
     codes = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(t, c.hidden)
     scale = s.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=1)
     factor = torch.where(scale == 0, torch.zeros_like(scale), 1.0 / scale)  # g = 1
-    from rose_aot.kernels.block_scaled_quant.reference import e2m1_codes
-
     assert torch.equal(codes, e2m1_codes((x.float() * factor).double()))
     differ = codes != cases.nvfp4_quotient_codes(x)
     assert differ.sum() >= 40, int(differ.sum())  # one element per block built to differ

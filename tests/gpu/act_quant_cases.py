@@ -19,7 +19,8 @@ Tolerances (one table, with the reason):
 
 from __future__ import annotations
 
-__all__ = ["make_case", "poison", "compare", "nvfp4_factor_rows", "nvfp4_quotient_codes", "E4M3_NAN"]
+__all__ = ["make_case", "poison", "compare", "nvfp4_factor_rows", "nvfp4_quotient_codes",
+           "E4M3_NAN"]
 
 E4M3_NAN = 0x7F
 BLOCK_SCALED = ("block_scaled_quant", "nvfp4_quant")
@@ -145,10 +146,9 @@ def nvfp4_factor_rows(hidden: int, dtype: str):
     for step in (-2, -1, 0, 1, 2):
         x = (m * s).to(dt)
         x = (x.view(torch.int16) + step).view(dt).float()
-        with torch.no_grad():
-            scale = (amax / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn).float()
-            new = e2m1_codes(x * (1.0 / scale))
-            old = e2m1_codes(x / scale)
+        scale = (amax / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn).float()
+        new = e2m1_codes(x * (1.0 / scale))
+        old = e2m1_codes(x / scale)
         keep = (scale == s) & (x.abs() <= amax) & x.isfinite() & (new != old)
         blocks.append(torch.stack([amax[keep], x[keep]], dim=1))
     pairs = torch.cat(blocks)
@@ -169,10 +169,10 @@ def nvfp4_quotient_codes(x, g: float = 1.0):
 
     t, h = x.shape
     xf = x.float().reshape(t, h // 16, 16)
-    g = torch.tensor(g, dtype=torch.float32)
+    g32 = torch.tensor(g, dtype=torch.float32)
     amax = xf.abs().amax(dim=-1, keepdim=True)
-    scale = ((amax * g) / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn).float()
-    q = torch.where(scale == 0, xf * 0.0, (xf * g) / scale)
+    scale = ((amax * g32) / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn).float()
+    q = torch.where(scale == 0, xf * 0.0, (xf * g32) / scale)
     return e2m1_codes(q.reshape(t, h).double())
 
 

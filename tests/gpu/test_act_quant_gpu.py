@@ -21,8 +21,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from act_quant_cases import (compare, make_case, nvfp4_factor_rows, nvfp4_quotient_codes,  # noqa: E402
-                             poison)
+from act_quant_cases import (  # noqa: E402
+    compare, make_case, nvfp4_factor_rows, nvfp4_quotient_codes, poison,
+)
 
 from rose_aot import open_bundle  # noqa: E402
 from rose_aot.kernels import get_family  # noqa: E402

@@ -135,6 +135,12 @@ class BlockScaledQuant(KernelFamily):
             fp4 = c.format in ("nvfp4", "mxfp4")
             unit = max(vec, FP4_PREFILL_UNIT) if name == "prefill" and fp4 else vec
             split = chunk_split(c.hidden // unit, threads, max(1, vecs * vec // unit))
+            if name == "prefill" and fp4 and split.rows_per_block > 1:
+                # FP4 prefill blocks hold one row (64 threads at 2048 wide, 128 at 4096): with
+                # several, each thread's row and its swizzled scale offset are per-thread
+                # arithmetic (NVFP4 4096: 498 -> 467 SASS instructions per 32 elements, MXFP4
+                # 375 -> 354; fp4-one-row-experiment-h200.md)
+                split = chunk_split(c.hidden // unit, split.row_threads, max(1, vecs * vec // unit))
             constants = {**split.constants(), "vec": unit, "group_lanes": BLOCK[c.format] // unit,
                          "groups_padded": _groups_padded(c),
                          "native_e2m1": arch.capability[0] >= 10}
