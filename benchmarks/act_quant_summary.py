@@ -1,4 +1,5 @@
-"""Print the README tables of committed activation/quantization results (no GPU needed).
+"""Print the tables of docs/results-act-quant.md from committed activation/quantization results
+(no GPU needed).
 
     python benchmarks/act_quant_summary.py benchmarks/results/act_quant-*-h200.json
 

@@ -259,7 +259,7 @@ def plot_families(rows: list[dict], out: str, suffix: str = "") -> list[str]:
 
 
 def summary_table(rows: list[dict], copy_tbs: float) -> str:
-    """The README's compact table of benchmark rows: per (family, shape), the plan's µs at each
+    """The compact table of benchmark rows (docs/results-act-quant.md): per (family, shape), the plan's µs at each
     token count with its speed-up over torch.compile in brackets (where it ran), then the share
     of the copy bandwidth at 8192 and 32768 tokens (where measured)."""
     if not isinstance(rows, list) or not rows:

@@ -85,7 +85,7 @@ def main_path(listing: str) -> tuple[list[str], bool]:
 # runs integer and logic instructions other than IMAD/IMUL, min/max, comparisons, selects and
 # conversions; "fma" runs FP32 and packed-half arithmetic and IMAD/IMUL. The alu pipe takes half
 # as many threads per cycle as the fma pipe, so a kernel can be bound by it with issue slots to
-# spare (the FP4 quantizers: README). Other opcodes (memory, shuffles, special functions,
+# spare (the FP4 quantizers: docs/results-act-quant.md). Other opcodes (memory, shuffles, special functions,
 # uniform datapath, control) are counted as "other". Our classification: VIADD is counted as
 # alu, the HFMA2.MMA form as fma.
 ALU_OPCODES = frozenset({

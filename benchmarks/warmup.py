@@ -50,7 +50,8 @@ if not _repeats.isdigit() or int(_repeats) < 1:
 REPEATS = int(_repeats)
 # ROSE_WARMUP_CONTEXT_FIRST=1: each probe creates its CUDA context before the clock starts, so
 # preload_ms excludes it (the context's own cost is reported as context_ms). Off by default:
-# the 2026-11-30 figures in the README were measured with the context inside preload.
+# the 2026-11-30 figures in docs/results-serving.md were measured with the context inside
+# preload.
 _context_first = os.environ.get("ROSE_WARMUP_CONTEXT_FIRST", "0")
 if _context_first not in ("0", "1"):
     sys.exit(f"ROSE_WARMUP_CONTEXT_FIRST must be 0 or 1 (got {_context_first!r})")
@@ -215,8 +216,8 @@ def gpu_side(models_dir: Path) -> None:
            "torch": torch.__version__, "dsl_import_ms": dsl, "repeats": REPEATS,
            "context_first": CONTEXT_FIRST, "byte_compiled": compiled, "rows": []}
     # The models are measured in rounds, each cold process of a round another model, so that
-    # a slow spell of the host (the lent machines have them: README "These figures depend on
-    # the host") touches every model alike, not the model measured during it. warmup.json is
+    # a slow spell of the host (the lent machines have them: docs/results-serving.md, "These
+    # figures depend on the host") touches every model alike, not the model measured during it. warmup.json is
     # rewritten after each round (medians of the rounds so far), so a run cut by its time
     # limit keeps what it measured.
     runs: dict[tuple[Path, str], list[dict]] = {(b, t): [] for b in bundles

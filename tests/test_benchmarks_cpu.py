@@ -65,7 +65,7 @@ def test_plot_families_without_matplotlib_writes_nothing(tmp_path, monkeypatch, 
 
 
 def test_summary_table_of_committed_results():
-    """The README's compact table from a committed run: one row per shape, every column of the
+    """The results page's compact table from a committed run: one row per shape, every column of the
     header filled, the plan's µs and torch.compile speed-up as the JSON has them."""
     path = os.path.join(ROOT, "benchmarks", "results", "act_quant-fp8_token_quant-h200.json")
     with open(path) as f:
@@ -84,17 +84,18 @@ def test_summary_table_of_committed_results():
 @pytest.mark.parametrize("family", ["act_and_mul", "fp8_group_quant", "act_and_mul_fp8_quant",
                                     "fp8_token_quant", "fp8_tensor_quant", "block_scaled_quant"])
 def test_readme_tables_are_the_committed_results(family):
-    """Each activation/quantization table of the README is the one act_quant_summary.py prints
-    from the committed JSON of that family's run: a figure changed by hand, or a table left from
-    an earlier run when the JSON was replaced, fails here."""
+    """Each activation/quantization table of docs/results-act-quant.md is the one
+    act_quant_summary.py prints from the committed JSON of that family's run: a figure changed
+    by hand, or a table left from an earlier run when the JSON was replaced, fails here."""
     path = os.path.join(ROOT, "benchmarks", "results", f"act_quant-{family}-h200.json")
     with open(path) as f:
         data = json.load(f)
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "results-act-quant.md")) as f:
+        page = f.read()
     rows = common.summary_table(data["rows"], data["copy_tbs"]).splitlines()[2:]
-    missing = [row for row in rows if row not in readme]
-    assert not missing, f"README rows not in {os.path.basename(path)}'s table: {missing[:2]}"
+    missing = [row for row in rows if row not in page]
+    assert not missing, (f"docs/results-act-quant.md rows not in {os.path.basename(path)}'s "
+                         f"table: {missing[:2]}")
 
 
 @pytest.mark.parametrize("content, message", [

@@ -1,6 +1,6 @@
 """Every variant a shipped point compiles is one its plan launches on some device.
 
-A serving process verifies and loads every variant of its bundle at preload (README "Warmup"),
+A serving process verifies and loads every variant of its bundle at preload (docs/results-serving.md),
 so a variant the plan never picks costs each replica start a cubin for nothing. Plain Python:
 the families' variants and plans, no compile.
 """
