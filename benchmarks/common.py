@@ -258,10 +258,9 @@ def plot_families(rows: list[dict], out: str, suffix: str = "") -> list[str]:
     return written
 
 
-def summary_table(rows: list[dict], copy_tbs: float) -> str:
-    """The compact table of benchmark rows (docs/results-act-quant.md): per (family, shape), the plan's µs at each
-    token count with its speed-up over torch.compile in brackets (where it ran), then the share
-    of the copy bandwidth at 8192 and 32768 tokens (where measured)."""
+def check_rows(rows: list[dict], copy_tbs: float) -> None:
+    """ValueError, in words, unless `rows` and `copy_tbs` are a bench_act_quant.py result's:
+    every row with its family, shape, tokens, bytes and a positive rose_aot time."""
     if not isinstance(rows, list) or not rows:
         raise ValueError("no benchmark rows")
     if not isinstance(copy_tbs, (int, float)) or not copy_tbs > 0:
@@ -273,6 +272,13 @@ def summary_table(rows: list[dict], copy_tbs: float) -> str:
         ours = r["us"].get("rose_aot") if isinstance(r["us"], dict) else None
         if not isinstance(ours, (int, float)) or not ours > 0:
             raise ValueError(f"row {i}: rose_aot time must be a positive number (got {ours!r})")
+
+
+def summary_table(rows: list[dict], copy_tbs: float) -> str:
+    """The compact table of benchmark rows (docs/results-act-quant.md): per (family, shape), the
+    plan's µs at each token count with its speed-up over torch.compile in brackets (where it
+    ran), then the share of the copy bandwidth at 8192 and 32768 tokens (where measured)."""
+    check_rows(rows, copy_tbs)
     tokens = sorted({r["tokens"] for r in rows})
     groups: dict[tuple, dict] = {}
     for r in rows:

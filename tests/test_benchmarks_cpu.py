@@ -120,6 +120,59 @@ def test_act_quant_summary_refuses_bad_results_in_one_line(tmp_path, content, me
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("experiment, a, b", [
+    ("nvfp4-factor", "base", "new"),
+    ("fp4-one-row", "base2", "onerow"),
+])
+def test_ab_experiment_tables_are_the_committed_runs(experiment, a, b):
+    """The tables of an A/B experiment's page are the ones ab_table.py prints from its runs'
+    committed JSON: a figure edited by hand, or a table left from other runs, fails here."""
+    import subprocess
+
+    results = os.path.join(ROOT, "benchmarks", "results")
+    side = {label: ",".join(os.path.join(results, f"{experiment}-{label}-{i}-h200.json")
+                            for i in (1, 2)) for label in (a, b)}
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_table.py"),
+                          "--a", f"{a}={side[a]}", "--b", f"{b}={side[b]}", "--forced", "prefill"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    with open(os.path.join(results, f"{experiment}-experiment-h200.md")) as f:
+        page = f.read()
+    lines = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    assert len(lines) > 40  # 48 plan rows and 8 forced rows, with their headers
+    missing = [line for line in lines if line not in page]
+    assert not missing, missing[:2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--a", "base", "--b", "x=y.json"], "is not LABEL=RUN.json"),
+    (["--a", "base=missing.json", "--b", "x=y.json"], "cannot read missing.json"),
+    (["--a", "base=README.md", "--b", "x=y.json"], "cannot read"),
+])
+def test_ab_table_refuses_bad_sides_in_one_line(args, message):
+    import subprocess
+
+    args = [a.replace("README.md", os.path.join(ROOT, "README.md")) for a in args]
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_table.py"), *args],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stdout == "" and message in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_ab_table_names_a_row_the_other_side_lacks(tmp_path):
+    import subprocess
+
+    row = {"family": "f", "shape": "1", "tokens": 1, "bytes": 8, "us": {"rose_aot": 1.0}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"rows": [row], "copy_tbs": 4.0}))
+    b.write_text(json.dumps({"rows": [{**row, "shape": "2"}], "copy_tbs": 4.0}))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_table.py"),
+                          "--a", f"old={a}", "--b", f"new={b}"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.strip() == "ab_table.py: rose_aot of f 1 1 is missing from a run of new"
+
+
 def test_warmup_cpu_side_names_a_bundle_that_does_not_open(tmp_path):
     """A damaged bundle among the models: one line naming it and the loader's own error, exit
     1, no traceback of the script."""
