@@ -51,15 +51,19 @@ def _by_key(run: dict) -> dict:
 
 
 def ab_tables(a: tuple[str, list[dict]], b: tuple[str, list[dict]], forced: str | None = None,
-              forced_family: str | None = None, forced_tokens: tuple[int, ...] = ()) -> str:
+              forced_family: str = "nvfp4_quant", forced_tokens: tuple[int, ...] = (8192, 32768)
+              ) -> str:
     """The A/B tables as markdown (see the module's docstring). ValueError names a row or a
-    forced column that a run lacks."""
+    forced column that a run lacks, or a forced table without rows."""
     (la, ra), (lb, rb) = a, b
     ia, ib = [_by_key(r) for r in ra], [_by_key(r) for r in rb]
     copy = statistics.mean(r["copy_tbs"] for r in ra + rb)
 
     def runs(n: int) -> str:
         return " / ".join(str(i + 1) for i in range(n))
+
+    def each(ts: list[float]) -> str:
+        return " / ".join(f"{t:.2f}" for t in ts)
 
     def times(index: list[dict], key, column: str) -> list[float]:
         try:
@@ -69,23 +73,24 @@ def ab_tables(a: tuple[str, list[dict]], b: tuple[str, list[dict]], forced: str 
                              f"{la if index is ia else lb}") from None
 
     lines = [f"| kernel | shape | tokens | {la} µs (runs {runs(len(ra))}) | {lb} µs (runs "
-             f"{runs(len(rb))}) | {lb} / {la} (means) | {lb} % copy |", "|---|---|---|---|---|---|---|"]
+             f"{runs(len(rb))}) | {lb} / {la} (means) | {lb} % copy |",
+             "|---|---|---|---|---|---|---|"]
     for key in ia[0]:
         ta, tb = times(ia, key, "rose_aot"), times(ib, key, "rose_aot")
         share = ib[0][key]["bytes"] / (statistics.mean(tb) * 1e-6) / (copy * 1e12) * 100
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {' / '.join(f'{t:.2f}' for t in ta)} | "
-                     f"{' / '.join(f'{t:.2f}' for t in tb)} | "
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {each(ta)} | {each(tb)} | "
                      f"{statistics.mean(tb) / statistics.mean(ta):.3f} | {share:.0f}% |")
     if forced:
         column = f"rose_aot_{forced}"
+        keys = [k for k in ia[0] if k[0] == forced_family and k[2] in forced_tokens]
+        if not keys:
+            raise ValueError(f"no rows of {forced_family} at {forced_tokens} tokens for the "
+                             f"{forced} table")
         lines += ["", f"| {forced} forced | tokens | {la} µs | {lb} µs | {lb} / {la} |",
                   "|---|---|---|---|---|"]
-        for key in ia[0]:
-            if key[0] != forced_family or key[2] not in forced_tokens:
-                continue
+        for key in keys:
             ta, tb = times(ia, key, column), times(ib, key, column)
-            lines.append(f"| {key[1]} | {key[2]} | {' / '.join(f'{t:.2f}' for t in ta)} | "
-                         f"{' / '.join(f'{t:.2f}' for t in tb)} | "
+            lines.append(f"| {key[1]} | {key[2]} | {each(ta)} | {each(tb)} | "
                          f"{statistics.mean(tb) / statistics.mean(ta):.3f} |")
     return "\n".join(lines)
 
