@@ -13,14 +13,13 @@ at --forced-tokens.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import check_rows, int_list  # noqa: E402
+from common import int_list, read_result  # noqa: E402
 
 
 def _side(text: str) -> tuple[str, list[dict]]:
@@ -31,18 +30,9 @@ def _side(text: str) -> tuple[str, list[dict]]:
     runs = []
     for path in paths.split(","):
         try:
-            with open(path) as f:
-                data = json.load(f)
+            runs.append(read_result(path))
         except (OSError, ValueError) as exc:
             raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
-        if not isinstance(data, dict) or not {"rows", "copy_tbs"} <= data.keys():
-            raise argparse.ArgumentTypeError(
-                f"{path} is not a bench_act_quant.py result (no 'rows' and 'copy_tbs')")
-        try:
-            check_rows(data["rows"], data["copy_tbs"])
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{path}: {exc}") from None
-        runs.append(data)
     return label, runs
 
 

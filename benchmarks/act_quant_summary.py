@@ -9,10 +9,9 @@ and the share of the copy bandwidth measured in the same run at 8192 / 32768 tok
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from common import summary_table
+from common import read_result, summary_table
 
 
 def main() -> None:
@@ -21,10 +20,7 @@ def main() -> None:
     args = parser.parse_args()
     for path in args.results:
         try:
-            with open(path) as f:
-                data = json.load(f)
-            if not isinstance(data, dict) or not {"rows", "copy_tbs"} <= data.keys():
-                raise ValueError("not a bench_act_quant.py result (no 'rows' and 'copy_tbs')")
+            data = read_result(path)
             table = summary_table(data["rows"], data["copy_tbs"])
         except (OSError, ValueError, TypeError) as exc:
             sys.exit(f"act_quant_summary.py: cannot read {path}: {exc}")

@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import stat
 import subprocess
 import sys
 
@@ -272,6 +273,26 @@ def check_rows(rows: list[dict], copy_tbs: float) -> None:
         ours = r["us"].get("rose_aot") if isinstance(r["us"], dict) else None
         if not isinstance(ours, (int, float)) or not ours > 0:
             raise ValueError(f"row {i}: rose_aot time must be a positive number (got {ours!r})")
+
+
+RESULT_MAX_BYTES = 64 << 20
+
+
+def read_result(path: str) -> dict:
+    """A bench_act_quant.py result read from `path`, its rows checked (check_rows); OSError or
+    ValueError, in words, otherwise. Only a regular file of at most RESULT_MAX_BYTES is read (a
+    device such as /dev/zero would never end)."""
+    with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        text = f.read(RESULT_MAX_BYTES + 1)
+    if len(text) > RESULT_MAX_BYTES:
+        raise ValueError(f"larger than {RESULT_MAX_BYTES} bytes, more than any result")
+    data = json.loads(text)
+    if not isinstance(data, dict) or not {"rows", "copy_tbs"} <= data.keys():
+        raise ValueError("not a bench_act_quant.py result (no 'rows' and 'copy_tbs')")
+    check_rows(data["rows"], data["copy_tbs"])
+    return data
 
 
 def summary_table(rows: list[dict], copy_tbs: float) -> str:

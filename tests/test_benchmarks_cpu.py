@@ -148,6 +148,7 @@ def test_ab_experiment_tables_are_the_committed_runs(experiment, a, b):
     (["--a", "base", "--b", "x=y.json"], "is not LABEL=RUN.json"),
     (["--a", "base=missing.json", "--b", "x=y.json"], "cannot read missing.json"),
     (["--a", "base=README.md", "--b", "x=y.json"], "cannot read"),
+    (["--a", "base=/dev/zero", "--b", "x=y.json"], "not a regular file"),  # would never end
 ])
 def test_ab_table_refuses_bad_sides_in_one_line(args, message):
     import subprocess
@@ -171,6 +172,19 @@ def test_ab_table_names_a_row_the_other_side_lacks(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.strip() == "ab_table.py: rose_aot of f 1 1 is missing from a run of new"
+
+
+def test_act_quant_summary_refuses_a_device_and_a_folder():
+    """A device (/dev/zero would be read forever) and a folder end in one line each."""
+    import subprocess
+
+    for path, message in (("/dev/zero", "not a regular file"), (ROOT, "Is a directory")):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks",
+                                                           "act_quant_summary.py"), path],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1 and run.stdout == "", path
+        assert run.stderr.startswith(f"act_quant_summary.py: cannot read {path}: ")
+        assert message in run.stderr and "Traceback" not in run.stderr
 
 
 def test_warmup_cpu_side_names_a_bundle_that_does_not_open(tmp_path):
