@@ -423,7 +423,7 @@ def test_bench_act_quant_refuses_points_the_bundle_lacks_before_any_gpu_work(
     (["a=SHIPPED", "a=SHIPPED"], "labels repeat"),
     (["a=SHIPPED", "--rounds", "0"], "--rounds must be at least 1"),
     (["a=SHIPPED", "--force", "decode,small"],
-     "--force takes rms_norm's variants, decode and prefill (got ['decode', 'small'])"),
+     "--force takes rms_norm's variants, decode, mid and prefill (got ['decode', 'small'])"),
     (["a=SHIPPED", "--hidden", "1234", "--fused", "1"],
      "no rms_norm point of (hidden, fused_residual) (1234, True); it has ["),
     (["a=README.md"], "not a readable bundle"),

@@ -204,12 +204,14 @@ def test_qk_norm_ptx_is_vectorized_shuffled_and_register_only(head_dim, arch):
 def test_rms_norm_prefill_loads_carry_the_cache_policy(hidden, fused, arch):
     """The prefill variant's global loads carry L1 and L2 eviction hints made by createpolicy:
     evict_last on a first read (x, residual, weight), evict_first on the second read of x (not
-    fused). The decode variant's loads and every store carry none (hints cost decode latency).
-    Both hold 32 bytes of the row per thread; full-width accesses, no local memory."""
+    fused). The decode variant's loads, those of `mid` (rows of 8192, 16 KiB) and every store
+    carry none (hints cost decode latency). All hold 32 bytes of the row per thread;
+    full-width accesses, no local memory."""
     values = (("hidden", hidden), ("dtype", "bfloat16"), ("fused_residual", fused))
     config, compiled = _compiled("rms_norm", values, arch)
     variants = {v.name: v for v in get_family("rms_norm").variants(config, get_arch(arch))}
-    assert set(variants) == set(compiled.artifacts) == {"decode", "prefill"}
+    names = {"decode", "mid", "prefill"} if hidden == 8192 else {"decode", "prefill"}
+    assert set(variants) == set(compiled.artifacts) == names
     bits = 256 if arch == "sm_100a" else 128
     for name, (ptx, _cubin) in compiled.artifacts.items():
         v = variants[name]
@@ -261,6 +263,24 @@ def test_bf16_input_conversion_of_the_block_scaled_kernels(family_name, values, 
         explicit = family_name == "nvfp4_quant" and arch == "sm_90a"
         want = elements // 2 if explicit else 0
         assert (len(masks), len(shifts)) == (want, want), f"{family_name} {arch} {name}"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_rms_norm_mid_fits_four_blocks_per_sm(fused):
+    """`mid` (rows of 14-16 KiB, one 16-warp row per block) is compiled for at least 4 blocks
+    per SM: the PTX asks for it (.minnctapersm) and the cubin's entry takes at most 32
+    registers (4 x 512 threads x 32 = the SM's 65536), where the decode variant of the same
+    row takes more and fits only 3 (why `mid` exists: rms_norm/tuning.py)."""
+    values = (("hidden", 7168), ("dtype", "bfloat16"), ("fused_residual", fused))
+    config, compiled = _compiled("rms_norm", values, "sm_90a")
+    records = {r.name: r for r in compiled.record.variants}
+    ptx, _cubin = compiled.artifacts["mid"]
+    assert re.search(r"\.minnctapersm\s+4\b", ptx)
+    assert not re.search(r"\.minnctapersm", compiled.artifacts["decode"][0])
+    (mid_registers,) = [r["registers"] for r in records["mid"].resources.values()]
+    (decode_registers,) = [r["registers"] for r in records["decode"].resources.values()]
+    assert records["mid"].block == (512, 1, 1)
+    assert 4 * 512 * mid_registers <= 65536 < 4 * records["decode"].threads * decode_registers
 
 
 def test_rms_norm_hinted_loads_split_a_wider_weight_vector():

@@ -351,9 +351,9 @@ RMS_NORM_SWITCHES = [
     (dict(hidden=6144), 1366),
     (dict(hidden=5120, fused_residual=True), 820),
     (dict(hidden=6144, fused_residual=True), 683),
-    # 14 and 16 warps: the grid rule alone (132 SMs x 32 warps / warps per row)
-    (dict(hidden=7168), 302),
-    (dict(hidden=8192), 265),
+    # 17 and 32 warps: the grid rule alone (132 SMs x 32 warps / warps per row)
+    (dict(hidden=8704), 249),
+    (dict(hidden=16384), 133),
 ]
 
 
@@ -373,6 +373,75 @@ def test_rms_norm_takes_the_hinted_block_from_32_mib_per_call(values, switch):
         assert _variants(family, config, arch)["prefill"].constants["rows_per_block"] == 1
         moved = switch * family.bytes_per_token(config)
         assert moved >= 32 << 20 > (switch - 1) * family.bytes_per_token(config)
+
+
+# Rows of 14-16 KiB: (config values, the last decode token count, the first prefill one),
+# `mid` in between, on sm_90a (132 SMs).
+RMS_NORM_MID_RANGES = [
+    # 14 warps: the grid rule ends decode at 132 x 32 / 14 = 301.7 tokens; 64 MiB from 2340.6
+    # tokens of 7168 (28 KiB per token), 1170.3 with the residual (56 KiB)
+    (dict(hidden=7168), 301, 2341),
+    (dict(hidden=7168, fused_residual=True), 301, 1171),
+    # 16 warps: decode to 264 tokens; 64 MiB from 2048 tokens (32 KiB), 1024 fused (64 KiB)
+    (dict(hidden=8192), 264, 2048),
+    (dict(hidden=8192, fused_residual=True), 264, 1024),
+    # the rule counts bytes, not the hidden size: float32 rows of 3584 are 14 KiB, 14 warps of
+    # 16-byte vectors, and move 28 KiB per token, as bfloat16 rows of 7168
+    (dict(hidden=3584, dtype="float32"), 301, 2341),
+    # a float16 row of 7680 (15 KiB): 15 warps, decode to 281 tokens; 64 MiB from 2184.5
+    (dict(hidden=7680, dtype="float16"), 281, 2185),
+]
+
+
+@pytest.mark.parametrize("values,last_decode,first_prefill", RMS_NORM_MID_RANGES,
+                         ids=["-".join(f"{k}{v}" for k, v in vals.items())
+                              for vals, _, _ in RMS_NORM_MID_RANGES])
+def test_rms_norm_wide_rows_take_mid_between_decode_and_64_mib(values, last_decode,
+                                                               first_prefill):
+    """Rows of 14-16 KiB: decode while the grid has at most 32 warps per SM, then `mid` (one
+    16-warp row per block, at least 4 blocks per SM) while the call moves less than
+    MID_MAX_BYTES (64 MiB), then prefill (rms_norm/tuning.py)."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    arch = get_arch("sm_90a")
+    variants = _variants(family, config, arch)
+    assert list(variants) == ["decode", "mid", "prefill"]
+    mid = variants["mid"]
+    assert mid.block == (512, 1, 1) and mid.pdl == 0
+    assert (mid.constants["min_blocks"], mid.constants["reload_x"],
+            mid.constants["cache_hints"]) == (4, 0, 0)
+    assert 14 << 10 <= config.hidden * (4 if config.dtype == "float32" else 2) <= 16 << 10
+    per_token = family.bytes_per_token(config)
+    assert first_prefill * per_token >= 64 << 20 > (first_prefill - 1) * per_token
+    for tokens in (1, 2, 128, last_decode - 1, last_decode):
+        assert _variant(family, config, arch, tokens) == "decode", tokens
+    for tokens in (last_decode + 1, last_decode + 2, 512, 1000, first_prefill - 1):
+        if tokens < first_prefill:
+            assert _variant(family, config, arch, tokens) == "mid", tokens
+    for tokens in (first_prefill, first_prefill + 1, 4096, 20011, MAX_TOKENS):
+        assert _variant(family, config, arch, tokens) == "prefill", tokens
+    # Forced, each variant launches itself, one row per block.
+    for force in family.plan_choices:
+        (launch,) = _plan(family, config, arch, {"tokens": 777}, force)
+        assert launch.variant == force and launch.grid == (777, 1, 1)
+
+
+@pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=3840), dict(hidden=6144),
+                                    dict(hidden=6656), dict(hidden=8704), dict(hidden=16384),
+                                    dict(hidden=7168, dtype="float32")])
+def test_rms_norm_other_rows_have_no_mid_and_force_it_as_decode(values):
+    """Rows outside 14-16 KiB compile no `mid` (measured to gain nothing at 10-12 KiB; not
+    measured elsewhere; 3840 is 15 warps of one vector): the plan never names it, and forcing
+    it (tests and benchmarks force every plan choice) launches the decode variant it would
+    replace."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    arch = get_arch("sm_90a")
+    assert set(_variants(family, config, arch)) == {"decode", "prefill"}
+    for tokens in (1, 300, 700, 1500, 3000, 20011):
+        assert _variant(family, config, arch, tokens) in ("decode", "prefill")
+        assert _plan(family, config, arch, {"tokens": tokens}, "mid") == _plan(
+            family, config, arch, {"tokens": tokens}, "decode")
 
 
 @pytest.mark.parametrize("family_name", PLAN_FAMILIES)

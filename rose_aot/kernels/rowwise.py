@@ -35,14 +35,12 @@ def row_split(vectors: int, max_vecs: int) -> tuple[int, int]:
     return warps, -(-vectors // (32 * warps))
 
 
-def row_plan(variants, tokens: int, force: str | None, use_decode: bool) -> tuple[Launch, ...]:
-    """The one launch of a row-wise family: the forced variant, else the rule's choice; a grid
-    of blocks of the variant's `rows_per_block` rows covering every token."""
+def row_plan(variants, tokens: int, name: str) -> tuple[Launch, ...]:
+    """The one launch of a row-wise family, of the variant `name` (the forced one, else the
+    family's rule's choice): a grid of blocks of its `rows_per_block` rows covering every
+    token."""
     if tokens == 0:
         return ()
-    if force is not None:
-        use_decode = force == "decode"
-    name = "decode" if use_decode else "prefill"
     rows = variants[name].constants["rows_per_block"]
     return (Launch(name, (-(-tokens // rows), 1, 1)),)
 

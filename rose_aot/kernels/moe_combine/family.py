@@ -148,4 +148,4 @@ class MoeCombine(KernelFamily):
             return (Launch(choice, (tokens * chunks, 1, 1)),) if tokens else ()
         decode = variants["decode"].constants
         use_decode = tokens * decode["warps_per_row"] <= sm_count * decode["decode_warps_per_sm"]
-        return row_plan(variants, tokens, force, use_decode)
+        return row_plan(variants, tokens, force or ("decode" if use_decode else "prefill"))

@@ -40,6 +40,11 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
     block = list(variant.block)
     smem_bytes = variant.smem
     pdl = variant.pdl
+    # At least min_blocks blocks per SM (nvvm.minctasm caps ptxas's registers). The carveout is
+    # passed because without one the DSL asks the GPU of the compiling machine for its shared
+    # memory size; -1 is the driver's default, and the loader sets no carveout.
+    min_blocks = variant.constants["min_blocks"]
+    bounds = dict(min_blocks_per_mp=min_blocks, preferred_smem_carveout=-1) if min_blocks else {}
 
     @cute.jit
     def load_vector(src: cute.Tensor, dst: cute.Tensor, last_use: cutlass.Constexpr):
@@ -150,7 +155,8 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
             stream: cuda.CUstream,
         ):
             rms_norm_residual_kernel(mX, mRes, mW, mO).launch(
-                grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream
+                grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream,
+                **bounds,
             )
 
         return launch_fused
@@ -166,7 +172,8 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
         stream: cuda.CUstream,
     ):
         rms_norm_kernel(mX, mW, mO).launch(
-            grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream
+            grid=[grid_x, grid_y, grid_z], block=block, smem=smem_bytes, stream=stream,
+            **bounds,
         )
 
     return launch

@@ -10,6 +10,9 @@ butterfly, then, for rows spread over several warps, one exchange through shared
 Vectors are the arch's widest access the row allows (128-bit on sm_90a, 256-bit on sm_100a).
 The prefill variant's loads carry torch.compile's cache policy (L1 and L2 evict_last on a first
 read, evict_first on its second read of x, from L1): 3-4% faster at 32768 tokens on the H200.
+Rows of 14-16 KiB (hidden 7168-8192 in bf16) have a third variant between the two, `mid`: the
+decode block widened to 16 warps and held to 32 registers, so that 4 rows fit an SM where the
+decode variant fits 3 (tuning.py).
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ MAX_HIDDEN = 16384
 # and at 32768 tokens 2 vectors per thread (16 warps for hidden 8192) with the cache hints and
 # the second read of x were fastest on the H200; 4 and 8 per thread (the earlier prefill
 # shape) were up to 4% slower at hidden 6144-8192
-# (benchmarks/results/norm-cache-hints-experiment-h200.md). So both variants have this
-# shape; they differ in PDL (decode), and in cache hints and reading x twice (prefill).
+# (benchmarks/results/norm-cache-hints-experiment-h200.md). So every variant has this
+# shape; they differ in PDL (decode), in cache hints and reading x twice (prefill), and in
+# warps and registers per row (mid).
 DECODE_BYTES_PER_THREAD = 2 * 16
 PREFILL_BYTES_PER_THREAD = 2 * 16
 
@@ -57,6 +61,7 @@ class RmsNorm(KernelFamily):
     name = "rms_norm"
     Config = RmsNormConfig
     device_module = "rose_aot.kernels.rms_norm.device"
+    plan_choices = ("decode", "mid", "prefill")
     shape_fields = ("hidden",)
 
     def make_config(self, **values):
@@ -114,7 +119,8 @@ class RmsNorm(KernelFamily):
         nbytes, vec = self._access(c, arch)
         vectors = c.hidden // vec
 
-        def variant(name, warps, per_thread, rows, pdl=0, reload_x=0, cache_hints=0):
+        def variant(name, warps, per_thread, rows, pdl=0, reload_x=0, cache_hints=0,
+                    min_blocks=0, **rule):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
             constants = {
@@ -127,6 +133,8 @@ class RmsNorm(KernelFamily):
                 "prefill_min_bytes": tuning.PREFILL_MIN_BYTES,
                 "reload_x": reload_x,
                 "cache_hints": cache_hints,
+                "min_blocks": min_blocks,  # > 0: compiled for that many blocks per SM
+                **rule,  # the plan's own thresholds, recorded with the variant they choose
             }
             return Variant(name, (threads, 1, 1), smem, params, constants, pdl=pdl)
 
@@ -137,6 +145,14 @@ class RmsNorm(KernelFamily):
         # time at 32768 tokens (1420 vs 714 µs on the H200, 2026-11-30).
         warps, per_thread = row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes)
         decode = variant("decode", warps, per_thread, 1, pdl=PDL_MAX_THREADS if warps >= 4 else 0)
+        low, high = tuning.MID_ROW_BYTES
+        mid = None
+        if low <= c.hidden * DTYPES[c.dtype].bits // 8 <= high:
+            # Between decode and prefill for rows of 14-16 KiB (tuning.py): 16 warps, at most
+            # 32 registers so that 4 blocks fit an SM, no PDL (its launches exceed
+            # PDL_MAX_THREADS), no hints, x kept in registers.
+            mid = variant("mid", tuning.MID_WARPS, -(-vectors // (32 * tuning.MID_WARPS)), 1,
+                          min_blocks=tuning.MID_MIN_BLOCKS, mid_max_bytes=tuning.MID_MAX_BYTES)
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
         # Prefill loads with cache hints and reads x a second time after the row's sum (from
@@ -148,7 +164,7 @@ class RmsNorm(KernelFamily):
             "prefill", warps, per_thread, max(1, block_warps // warps),
             reload_x=int(not c.fused_residual), cache_hints=1,
         )
-        return (decode, prefill)
+        return (decode, prefill) if mid is None else (decode, mid, prefill)
 
     def op_suffix(self, c: RmsNormConfig) -> str:
         return "_residual" if c.fused_residual else ""
@@ -161,12 +177,23 @@ class RmsNorm(KernelFamily):
         # Where the prefill block is the decode block (one row; rows of at least the prefill
         # block's warps), it differs by its cache hints, which pay only on very large calls.
         hinted_decode = variants["prefill"].constants["rows_per_block"] == 1
-        huge = tokens * self.bytes_per_token(c) >= decode["prefill_min_bytes"]
+        moved = tokens * self.bytes_per_token(c)
         use_decode = (  # measured rule, see tuning.py
-            (row_warps <= decode["decode_row_warps"] and not (hinted_decode and huge))
+            (row_warps <= decode["decode_row_warps"]
+             and not (hinted_decode and moved >= decode["prefill_min_bytes"]))
             or tokens * row_warps <= sm_count * decode["decode_warps_per_sm"]
         )
-        return row_plan(variants, tokens, force, use_decode)
+        if force is not None:
+            # `mid` exists for rows of 14-16 KiB only; forced elsewhere it is the decode
+            # variant, the variant it would replace
+            name = force if force in variants else "decode"
+        elif use_decode:
+            name = "decode"
+        elif "mid" in variants and moved < variants["mid"].constants["mid_max_bytes"]:
+            name = "mid"
+        else:
+            name = "prefill"
+        return row_plan(variants, tokens, name)
 
     @staticmethod
     def bytes_per_token(c: RmsNormConfig) -> int:

@@ -8,7 +8,8 @@ measurement of their own use sm_90a's.
 
 from __future__ import annotations
 
-__all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES"]
+__all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES",
+           "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES"]
 
 # Warps per block of the prefill variant: 4 and 8 tie (1616.0 vs 1616.1 µs summed over the six
 # shapes at 8192 and 32768 tokens); 16 and 32 are slower.
@@ -54,6 +55,30 @@ DECODE_WARPS_PER_SM = 32
 # their decode figures came after hinted kernels had run on the same tensors and gained 4-7%
 # from the lines those left in L2.)
 PREFILL_MIN_BYTES = 32 << 20
+
+# Rows of 14-16 KiB (hidden 7168-8192 in bf16: 14-16 warps of 2 vectors) have a third
+# variant, `mid`, for the calls between the decode range (the grid rule above) and
+# MID_MAX_BYTES moved per call: one row per block of 16 warps (a 14-warp row's last vectors
+# predicated off), no cache hints, x kept in registers, and compiled for at least 4 blocks per
+# SM (nvvm.minctasm: at most 32 registers).
+# Why: the decode variant takes 40 registers, so only 3 of its 14- or 16-warp blocks fit an SM
+# (396 rows at a time, two waves at 512 tokens), and the prefill variant's hints and second
+# read of x cost at these sizes what they save from 64 MiB. Measured (one H200, 2026-12-02,
+# `python benchmarks/ab_norms.py base=... dm=... p2m=... --hidden 5120,6144,7168,8192 --tokens
+# 1,16,128,512,1024,2048,8192 --fused 0,1 --rounds 2 --force decode,prefill`, p2m the variant
+# kept here, forced; benchmarks/results/norm-mid-variant-experiment-h200.md): plain 7168 x
+# 512 / 1024 / 2048 3.93 / 6.22 / 16.11 µs against the plan's prefill 4.05 / 6.44 / 16.49
+# (torch.compile 4.00 / 6.21 / 17.22), 8192 x 512 / 1024 4.32 / 7.07 against 4.43 / 7.21;
+# fused 7168 x 512 / 1024 5.43 / 12.30 against 5.83 / 12.66, fused 8192 x 512 6.30 against
+# 6.47; slower than prefill from 64 MiB (plain 8192 x 2048: 19.02 vs 18.05; 7168 x 8192:
+# 57.66 vs 56.78; fused 8192 x 1024: 16.04 vs 15.86) and than decode at 1-128 tokens (2-3%:
+# 8192 x 16 2.06 vs 1.99), where decode stays. Rows of 10-12 KiB (hidden 5120-6144) gained
+# nothing from it (6144 x 512: 3.73 vs decode 3.70); other rows were not measured: none of
+# them has the variant.
+MID_ROW_BYTES = (14 << 10, 16 << 10)  # the rows (input bytes) whose points have `mid`
+MID_WARPS = 16
+MID_MIN_BLOCKS = 4
+MID_MAX_BYTES = 64 << 20
 
 
 def prefill_warps(arch: str, override: int = 0) -> int:
