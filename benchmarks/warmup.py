@@ -35,6 +35,7 @@ model with each preload thread count, alternating them over the cold processes, 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -294,15 +295,29 @@ def cpu_side(models_dir: Path, arch: str = "sm_90a") -> None:
                   flush=True)
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sides = parser.add_subparsers(dest="side", required=True, metavar="SIDE")
+    build = sides.add_parser("build-side", help="build machine: per-model bundles, their "
+                             "build reports, the DSL's import time")
+    build.add_argument("models_dir", type=Path, help="folder for the bundles (made if missing)")
+    build.add_argument("manifests", nargs="+", help="one deployment manifest per model")
+    for side, what in (("gpu-side", "GPU machine: import, open, verify and preload, cold"),
+                       ("cpu-side", "any machine: open and verify, cold, without the driver")):
+        sides.add_parser(side, help=what).add_argument(
+            "models_dir", type=Path, help="the folder build-side wrote")
+    return parser.parse_args(argv)
+
+
 def main() -> None:
-    if len(sys.argv) >= 3 and sys.argv[1] == "build-side":
-        build_side(Path(sys.argv[2]), sys.argv[3:])
-    elif len(sys.argv) == 3 and sys.argv[1] == "gpu-side":
-        gpu_side(Path(sys.argv[2]))
-    elif len(sys.argv) == 3 and sys.argv[1] == "cpu-side":
-        cpu_side(Path(sys.argv[2]))
+    args = parse_args()
+    if args.side == "build-side":
+        build_side(args.models_dir, args.manifests)
+    elif args.side == "gpu-side":
+        gpu_side(args.models_dir)
     else:
-        sys.exit(__doc__)
+        cpu_side(args.models_dir)
 
 
 if __name__ == "__main__":

@@ -202,6 +202,25 @@ def test_warmup_cpu_side_names_a_bundle_that_does_not_open(tmp_path):
     assert "rose_aot.errors" in last and "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("args, code, message", [
+    (["build-side", "--help"], 0, "usage: warmup.py build-side"),
+    (["build-side", "--hlep", "x.toml"], 2, "the following arguments are required"),
+    (["build-side", "models"], 2, "the following arguments are required: manifests"),
+    (["gpu-side", "models", "extra"], 2, "unrecognized arguments: extra"),
+    (["sideways", "models"], 2, "invalid choice: 'sideways'"),
+])
+def test_warmup_arguments_are_checked_before_anything_is_made(tmp_path, args, code, message):
+    """Its help asked for (`build-side --help`, which once built into a folder named '--help'
+    and timed the DSL import) or a malformed command line: the usage or one error line,
+    nothing written, nothing run."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warmup.py"), *args],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == code and message in run.stdout + run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and list(tmp_path.iterdir()) == []
+
+
 def test_warmup_gpu_side_names_a_missing_build_report_before_measuring(tmp_path):
     """The JIT column needs each bundle's build report: one missing ends the GPU side in one
     line naming it, before any process is measured (and, on a CPU machine, before the GPU
