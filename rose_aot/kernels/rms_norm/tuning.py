@@ -26,7 +26,8 @@ PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 # norms-wide-joined-h200.md). At 512-1024 tokens of 6144-8192 it was 3-9% behind in three of
 # four A/B runs; the decode variant and eight other prefill shapes and load orders were forced
 # there and none was better across token counts
-# (benchmarks/results/norm-mid-tokens-experiment-h200.md).
+# (benchmarks/results/norm-mid-tokens-experiment-h200.md); for rows of 14-16 KiB the `mid`
+# variant below is.
 # DECODE_ROW_WARPS was 8 until the wide rows were timed from a reset L2 as well (one H200,
 # 2026-12-01, `python benchmarks/ab_norms.py wide=build/bench-norms-wide.rosebundle --hidden
 # 5120,6144,8192 --tokens 256,512,1024,2048,4096 --fused 0,1 --rounds 2 --force decode,prefill`,
@@ -63,17 +64,19 @@ PREFILL_MIN_BYTES = 32 << 20
 # SM (nvvm.minctasm: at most 32 registers).
 # Why: the decode variant takes 40 registers, so only 3 of its 14- or 16-warp blocks fit an SM
 # (396 rows at a time, two waves at 512 tokens), and the prefill variant's hints and second
-# read of x cost at these sizes what they save from 64 MiB. Measured (one H200, 2026-12-02,
-# `python benchmarks/ab_norms.py base=... dm=... p2m=... --hidden 5120,6144,7168,8192 --tokens
-# 1,16,128,512,1024,2048,8192 --fused 0,1 --rounds 2 --force decode,prefill`, p2m the variant
-# kept here, forced; benchmarks/results/norm-mid-variant-experiment-h200.md): plain 7168 x
-# 512 / 1024 / 2048 3.93 / 6.22 / 16.11 µs against the plan's prefill 4.05 / 6.44 / 16.49
-# (torch.compile 4.00 / 6.21 / 17.22), 8192 x 512 / 1024 4.32 / 7.07 against 4.43 / 7.21;
-# fused 7168 x 512 / 1024 5.43 / 12.30 against 5.83 / 12.66, fused 8192 x 512 6.30 against
-# 6.47; slower than prefill from 64 MiB (plain 8192 x 2048: 19.02 vs 18.05; 7168 x 8192:
-# 57.66 vs 56.78; fused 8192 x 1024: 16.04 vs 15.86) and than decode at 1-128 tokens (2-3%:
-# 8192 x 16 2.06 vs 1.99), where decode stays. Rows of 10-12 KiB (hidden 5120-6144) gained
-# nothing from it (6144 x 512: 3.73 vs decode 3.70); other rows were not measured: none of
+# read of x cost at these sizes what they save from 64 MiB. Measured on one H200, 2026-12-02
+# (benchmarks/results/norm-mid-variant-experiment-h200.md, `python benchmarks/ab_norms.py
+# LABEL=BUNDLE ... --hidden 5120,6144,7168,8192 --fused 0,1 --force ...`): the block forced
+# (with decode's PDL instructions, which mid drops) at plain 7168 x 512 / 1024 / 2048 3.93 /
+# 6.22 / 16.11 µs against the prefill variant's 4.05 / 6.44 / 16.49, 8192 x 512 / 1024 4.32 /
+# 7.07 against 4.43 / 7.21, fused 7168 x 512 / 1024 5.43 / 12.30 against 5.83 / 12.66, fused
+# 8192 x 512 6.30 against 6.47; slower than prefill from 64 MiB (plain 8192 x 2048: 19.02 vs
+# 18.05; 7168 x 8192: 57.66 vs 56.78; fused 8192 x 1024: 16.04 vs 15.86) and than decode at
+# 1-128 tokens (1-3%: 8192 x 16 2.06 vs 2.00), where decode stays. The plan with mid against
+# the plan before, alternating in one process: 1.7-8.2% less time at 512-1024 tokens of
+# 7168-8192 (plain 8192 x 1024: 7.22 -> 7.02; fused 7168 x 512: 5.85 -> 5.37), 7168 x 2048
+# level (16.42 -> 16.51). Rows of 10-12 KiB (hidden 5120-6144) gained nothing from 16 warps
+# and 32 registers (6144 x 512: 3.73 vs decode 3.70); other rows were not measured: none of
 # them has the variant.
 MID_ROW_BYTES = (14 << 10, 16 << 10)  # the rows (input bytes) whose points have `mid`
 MID_WARPS = 16
