@@ -235,6 +235,27 @@ def test_record_the_plan_cannot_read_is_refused(tmp_path, tiny_build):
     _refused_when_its_arch_is_used(bad, arch[0], "launch plan does not understand the record")
 
 
+@pytest.mark.parametrize("damage", ["missing", "text"])
+def test_a_mid_record_without_its_threshold_is_refused(tmp_path, shipped_build, damage):
+    """rms_norm's plan reads `mid_max_bytes` from the mid variant's record (rows of 14-16 KiB:
+    DeepSeek-V3's 7168): a record without it, or with text there, is refused when its arch is
+    first used, as any record the plan cannot read, never a KeyError or TypeError at launch."""
+    arch = []
+
+    def spoil(index):
+        point = next(p for p in index["points"]
+                     if p["family"] == "rms_norm" and any(v["name"] == "mid" for v in p["variants"]))
+        mid = next(v for v in point["variants"] if v["name"] == "mid")
+        if damage == "missing":
+            del mid["constants"]["mid_max_bytes"]
+        else:
+            mid["constants"]["mid_max_bytes"] = "64 MiB"
+        arch.append(point["arch"])
+
+    bad = rewrite_bundle(shipped_build.path, tmp_path / "mid.rosebundle", edit_index=spoil)
+    _refused_when_its_arch_is_used(bad, arch[0], "launch plan does not understand the record")
+
+
 def test_loader_packs_from_the_record_not_from_the_family(tiny_build):
     """The packer lays parameters out as the record's fields say: moving a field in the record
     moves it in the packed bytes (nothing is recomputed from the family's spec)."""
