@@ -331,6 +331,9 @@ _ARCHITECTURES: dict[str, tuple[Callable[[_View], _Model], str | None]] = {
     "Qwen3MoeForCausalLM": (_qwen3_moe, None),
     "LlamaForCausalLM": (_llama, None),
     "MistralForCausalLM": (_llama, None),
+    # Qwen2 and Qwen2.5 dense: Llama's norms and gated SiLU MLP (their q/k/v biases are the
+    # GEMMs' business); no per-head Q/K norm, which came with Qwen3
+    "Qwen2ForCausalLM": (_llama, None),
     "MixtralForCausalLM": (_mixtral, None),
     "Gemma3ForCausalLM": (_gemma3, None),
     "Gemma3ForConditionalGeneration": (_gemma3, "text_config"),
@@ -342,6 +345,7 @@ _MODEL_TYPES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3": "Gemma3ForConditionalGeneration",
