@@ -188,9 +188,10 @@ EXPECTED = {
 def test_every_shipped_config_is_covered():
     assert NAMES == sorted(EXPECTED)
     covered = {EXPECTED[n][0] for n in NAMES}
-    # Every supported architecture has a shipped config but the text-only Gemma 3 class and
-    # Qwen2 (test_qwen2_derives_the_llama_points), which no shipped manifest uses.
-    assert set(SUPPORTED_ARCHITECTURES) - covered == {"Gemma3ForCausalLM", "Qwen2ForCausalLM"}
+    # Every supported architecture has a shipped config but the text-only Gemma 3 class, Qwen2
+    # and Phi-3 (test_llama_like_models_derive_the_llama_points), which no shipped manifest uses.
+    assert set(SUPPORTED_ARCHITECTURES) - covered == {
+        "Gemma3ForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM"}
 
 
 # ------------------------------------------------------------------------------ shipped manifests
@@ -305,8 +306,9 @@ def test_gpt_oss_takes_experts_per_token_when_the_hf_field_is_absent():
     assert derive_manifest(cfg, path="g/config.json").moe.top_k == 4
 
 
-# Qwen/Qwen2.5-7B-Instruct's config.json (also Qwen2-7B's): the fields a manifest reads, and a few
-# it must ignore (q/k/v biases live in the GEMMs; sliding-window settings in attention).
+# The fields a manifest reads of two published config.json files, with a few it must ignore
+# (q/k/v biases live in the GEMMs, sliding windows and RoPE scaling in attention):
+# Qwen/Qwen2.5-7B-Instruct (also Qwen2-7B's numbers) and microsoft/Phi-3-mini-4k-instruct.
 QWEN2_7B = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
     "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
@@ -315,24 +317,34 @@ QWEN2_7B = {
     "max_window_layers": 28, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     "vocab_size": 152064,
 }
+PHI3_MINI = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_act": "silu",
+    "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_hidden_layers": 32, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "sliding_window": 2047, "original_max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16", "vocab_size": 32064,
+}
 
 
-@pytest.mark.parametrize("tp, d", [(1, 18944), (2, 9472), (4, 4736)])
-def test_qwen2_derives_the_llama_points(tp, d):
-    """Qwen2 / Qwen2.5 dense models: the decoder norms (plain and fused residual add) and the
-    gated SiLU MLP split over the tensor-parallel ranks, as Llama; no Q/K head norm (Qwen3's)."""
-    derived = derive_manifest(dict(QWEN2_7B), path="qwen2.5-7b/config.json", tp=tp)
-    assert derived.architecture == "Qwen2ForCausalLM" and derived.moe is None
+@pytest.mark.parametrize("cfg, hidden, eps, inter", [(QWEN2_7B, 3584, 1e-6, 18944),
+                                                      (PHI3_MINI, 3072, 1e-5, 8192)],
+                         ids=["qwen2", "phi3"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_llama_like_models_derive_the_llama_points(cfg, hidden, eps, inter, tp):
+    """Qwen2 / Qwen2.5 and Phi-3 dense models: the decoder norms (plain and fused residual add)
+    and the gated SiLU MLP split over the tensor-parallel ranks, as Llama; no Q/K head norm."""
+    derived = derive_manifest(dict(cfg), path="m/config.json", tp=tp)
+    assert derived.architecture == cfg["architectures"][0] and derived.moe is None
     points = derived.manifest().points
     assert [p.key for p in points if p.family != "all_reduce"] == [
-        rms(hidden=3584, eps=1e-6, fused_residual=False),
-        rms(hidden=3584, eps=1e-6, fused_residual=True),
-        f"act_and_mul(d={d},activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
+        rms(hidden=hidden, eps=eps, fused_residual=False),
+        rms(hidden=hidden, eps=eps, fused_residual=True),
+        f"act_and_mul(d={inter // tp},activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
     ]
     # and, across ranks, the all-reduce points of a TP decoder (tests/test_all_reduce_spec.py)
     assert any(p.family == "all_reduce" for p in points) == (tp > 1)
-    without = {k: v for k, v in QWEN2_7B.items() if k != "architectures"}
-    assert derive_manifest(without, path="q/config.json").architecture == "Qwen2ForCausalLM"
+    without = {k: v for k, v in cfg.items() if k != "architectures"}
+    assert derive_manifest(without, path="m/config.json").architecture == cfg["architectures"][0]
 
 
 def test_model_type_alone_names_the_architecture():

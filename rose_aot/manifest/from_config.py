@@ -334,6 +334,9 @@ _ARCHITECTURES: dict[str, tuple[Callable[[_View], _Model], str | None]] = {
     # Qwen2 and Qwen2.5 dense: Llama's norms and gated SiLU MLP (their q/k/v biases are the
     # GEMMs' business); no per-head Q/K norm, which came with Qwen3
     "Qwen2ForCausalLM": (_llama, None),
+    # Phi-3 mini / medium, Phi-3.5-mini, Phi-4: Llama's norms; the MLP's one gate_up_proj
+    # gives [gate | up], act_and_mul's input (Phi3SmallForCausalLM is another design)
+    "Phi3ForCausalLM": (_llama, None),
     "MixtralForCausalLM": (_mixtral, None),
     "Gemma3ForCausalLM": (_gemma3, None),
     "Gemma3ForConditionalGeneration": (_gemma3, "text_config"),
@@ -346,6 +349,7 @@ _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3": "Gemma3ForConditionalGeneration",

@@ -33,7 +33,7 @@ ACTIVATION_NAMES = {
 
 _GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 _DENSE = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-          *_GEMMA3)
+          "Phi3ForCausalLM", *_GEMMA3)
 
 
 def _activation(view, architecture: str) -> str | None:
