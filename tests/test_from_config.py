@@ -188,10 +188,10 @@ EXPECTED = {
 def test_every_shipped_config_is_covered():
     assert NAMES == sorted(EXPECTED)
     covered = {EXPECTED[n][0] for n in NAMES}
-    # Every supported architecture has a shipped config but the text-only Gemma 3 class, Qwen2
-    # and Phi-3 (test_llama_like_models_derive_the_llama_points), which no shipped manifest uses.
+    # Every supported architecture has a shipped config but the text-only Gemma 3 class, Qwen2,
+    # Phi-3 and Gemma 2 (tests from their config fields below), which no shipped manifest uses.
     assert set(SUPPORTED_ARCHITECTURES) - covered == {
-        "Gemma3ForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM"}
+        "Gemma3ForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM"}
 
 
 # ------------------------------------------------------------------------------ shipped manifests
@@ -345,6 +345,35 @@ def test_llama_like_models_derive_the_llama_points(cfg, hidden, eps, inter, tp):
     assert any(p.family == "all_reduce" for p in points) == (tp > 1)
     without = {k: v for k, v in cfg.items() if k != "architectures"}
     assert derive_manifest(without, path="m/config.json").architecture == cfg["architectures"][0]
+
+
+# google/gemma-2-9b's config.json: the fields a manifest reads and a few it must ignore.
+GEMMA2_9B = {
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "num_hidden_layers": 42, "rms_norm_eps": 1e-06,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "torch_dtype": "float32",
+}
+
+
+def test_gemma2_derives_gemma_norms_and_the_tanh_geglu_without_qk_norm():
+    """Gemma 2: (1 + w) norms, GeGLU with the tanh GELU of `hidden_activation`, no per-head Q/K
+    norm (Gemma 3's); eps, when a file leaves it out, from Gemma2Config's default, said so."""
+    derived = derive_manifest(dict(GEMMA2_9B), path="gemma-2-9b/config.json", tp=2)
+    assert derived.architecture == "Gemma2ForCausalLM"
+    points = [p.key for p in derived.manifest().points if p.family != "all_reduce"]
+    assert points == [
+        rms(hidden=3584, eps=1e-6, weight_offset=1.0, fused_residual=False),
+        rms(hidden=3584, eps=1e-6, weight_offset=1.0, fused_residual=True),
+        "act_and_mul(d=7168,activation=gelu_tanh,dtype=bfloat16,out_dtype=bfloat16)",
+    ]
+    bare = {k: v for k, v in GEMMA2_9B.items() if k not in ("rms_norm_eps", "architectures")}
+    derived = derive_manifest(bare, path="g/config.json")
+    assert derived.architecture == "Gemma2ForCausalLM" and "rms_norm_eps" in derived.defaulted
+    assert rms(hidden=3584, eps=1e-6, weight_offset=1.0, fused_residual=False) in [
+        p.key for p in derived.manifest().points]
 
 
 def test_model_type_alone_names_the_architecture():

@@ -258,6 +258,22 @@ def _gemma3(v: _View) -> _Model:
     )
 
 
+def _gemma2(v: _View) -> _Model:
+    """Gemma 2: Gemma 3's four (1 + w) norms per layer and its GeGLU, no Q/K head norm."""
+    hidden = v.int("hidden_size", "the decoder RMSNorm")
+    # Gemma2Config's default, as Gemma 3's
+    eps = v.float("rms_norm_eps", "the RMSNorm eps", _GEMMA3_DEFAULTS["rms_norm_eps"])
+    return _Model(
+        hidden,
+        eps,
+        weight_offset=1.0,
+        norm_comment=(
+            "input, post-attention, pre- and post-feedforward norms and the final norm; "
+            "Gemma scales by (1 + w)"
+        ),
+    )
+
+
 def _deepseek_v3(v: _View) -> _Model:
     hidden = v.int("hidden_size", "the decoder RMSNorm")
     eps = v.float("rms_norm_eps", "the RMSNorm eps")
@@ -338,6 +354,7 @@ _ARCHITECTURES: dict[str, tuple[Callable[[_View], _Model], str | None]] = {
     # gives [gate | up], act_and_mul's input (Phi3SmallForCausalLM is another design)
     "Phi3ForCausalLM": (_llama, None),
     "MixtralForCausalLM": (_mixtral, None),
+    "Gemma2ForCausalLM": (_gemma2, None),
     "Gemma3ForCausalLM": (_gemma3, None),
     "Gemma3ForConditionalGeneration": (_gemma3, "text_config"),
     "DeepseekV3ForCausalLM": (_deepseek_v3, None),
@@ -351,6 +368,7 @@ _MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3": "Gemma3ForConditionalGeneration",
     "deepseek_v3": "DeepseekV3ForCausalLM",

@@ -7,8 +7,8 @@ The gated MLPs of a model and the width d of act(gate) * up in each (one point p
 - routed experts (Qwen3-MoE ``moe_intermediate_size``, Mixtral ``intermediate_size``, DeepSeek
   ``moe_intermediate_size``): whole experts live on a rank, so d is the expert width;
 - DeepSeek's shared experts: moe_intermediate_size * n_shared_experts, split over the ranks.
-The activation comes from ``hidden_act`` (``hidden_activation`` for Gemma 3, whose transformers
-default is ``gelu_pytorch_tanh``). gpt-oss's MLP is a clamped SwiGLU (``swiglu_limit``, alpha
+The activation comes from ``hidden_act`` (``hidden_activation`` for Gemma 2 and 3, whose
+transformers default is ``gelu_pytorch_tanh``). gpt-oss's MLP is a clamped SwiGLU (``swiglu_limit``, alpha
 1.702, (up + 1)), a different function: it gets no act_and_mul point.
 
 `view` is the manifest deriver's reader of the (language model part of the) config:
@@ -31,15 +31,15 @@ ACTIVATION_NAMES = {
     "gelu_fast": "gelu_tanh",
 }
 
-_GEMMA3 = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 _DENSE = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-          "Phi3ForCausalLM", *_GEMMA3)
+          "Phi3ForCausalLM", *_GEMMA)
 
 
 def _activation(view, architecture: str) -> str | None:
     if architecture == "GptOssForCausalLM":
         return None
-    if architecture in _GEMMA3:
+    if architecture in _GEMMA:
         field = "hidden_activation"
         name = view.str(field, "the MLP activation", "gelu_pytorch_tanh")
     else:
