@@ -238,6 +238,11 @@ _GEMMA3_DEFAULTS = {
 }
 
 
+# Gemma 2 and 3: four RMSNorms per layer, each scaling by (1 + w)
+_GEMMA_NORMS = ("input, post-attention, pre- and post-feedforward norms and the final norm; "
+                "Gemma scales by (1 + w)")
+
+
 def _gemma3(v: _View) -> _Model:
     hidden = v.int("hidden_size", "the decoder RMSNorm")
     eps = v.float("rms_norm_eps", "the RMSNorm eps", _GEMMA3_DEFAULTS["rms_norm_eps"])
@@ -251,10 +256,7 @@ def _gemma3(v: _View) -> _Model:
         eps,
         weight_offset=1.0,  # Gemma's RMSNorm scales by (1 + w), the Q/K norms too
         qk_heads=heads,
-        norm_comment=(
-            "input, post-attention, pre- and post-feedforward norms and the final norm; "
-            "Gemma scales by (1 + w)"
-        ),
+        norm_comment=_GEMMA_NORMS,
     )
 
 
@@ -267,10 +269,7 @@ def _gemma2(v: _View) -> _Model:
         hidden,
         eps,
         weight_offset=1.0,
-        norm_comment=(
-            "input, post-attention, pre- and post-feedforward norms and the final norm; "
-            "Gemma scales by (1 + w)"
-        ),
+        norm_comment=_GEMMA_NORMS,
     )
 
 

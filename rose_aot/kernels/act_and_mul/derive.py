@@ -8,8 +8,8 @@ The gated MLPs of a model and the width d of act(gate) * up in each (one point p
   ``moe_intermediate_size``): whole experts live on a rank, so d is the expert width;
 - DeepSeek's shared experts: moe_intermediate_size * n_shared_experts, split over the ranks.
 The activation comes from ``hidden_act`` (``hidden_activation`` for Gemma 2 and 3, whose
-transformers default is ``gelu_pytorch_tanh``). gpt-oss's MLP is a clamped SwiGLU (``swiglu_limit``, alpha
-1.702, (up + 1)), a different function: it gets no act_and_mul point.
+transformers default is ``gelu_pytorch_tanh``). gpt-oss's MLP is a clamped SwiGLU
+(``swiglu_limit``, alpha 1.702, (up + 1)), a different function: it gets no act_and_mul point.
 
 `view` is the manifest deriver's reader of the (language model part of the) config:
 ``view.data``, ``view.int/str(name, purpose[, default])`` and ``view.fail(name, message)``.
