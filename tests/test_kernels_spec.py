@@ -343,8 +343,11 @@ RMS_NORM_SWITCHES = [
     (dict(hidden=2048), 4096),  # 4 warps: one row per prefill block too
     # a float32 output: 6 bytes per element, 32 MiB from 2730.7 tokens of 2048
     (dict(hidden=2048, out_dtype="float32"), 2731),
-    # 2 warps: the prefill block holds 2 rows, a shape of its own: decode at any size
-    (dict(hidden=1024), None),
+    # 1-2 warps: the decode and prefill blocks hold 4 or 2 rows (4 warps); 32 MiB from 8192
+    # tokens of 1024 (4 KiB per token), 16384 of 512, 8192 of 512 with the residual
+    (dict(hidden=1024), 8192),
+    (dict(hidden=512), 16384),
+    (dict(hidden=512, fused_residual=True), 8192),
     # 10 and 12 warps: 32 MiB from 1638.4 tokens of 5120 (20 KiB per token), 1365.3 of 6144;
     # fused 40 and 48 KiB per token (the grid rule alone switched at 423 and 353)
     (dict(hidden=5120), 1639),
@@ -361,18 +364,68 @@ RMS_NORM_SWITCHES = [
                          ids=["-".join(f"{k}{v}" for k, v in vals.items())
                               for vals, _ in RMS_NORM_SWITCHES])
 def test_rms_norm_takes_the_hinted_block_from_32_mib_per_call(values, switch):
-    """Rows of 4-12 warps stay on the decode variant below PREFILL_MIN_BYTES (32 MiB) moved per
+    """Rows of 1-12 warps stay on the decode variant below PREFILL_MIN_BYTES (32 MiB) moved per
     call, counted from the config's dtypes and residual; then the prefill variant, the same
-    one-row block with cache hints. Rows whose prefill block packs several rows are not moved."""
+    block with cache hints (one row of 4-12 warps; 4 rows of one warp, 2 of two)."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
     assert _switch_point(family, config, arch) == switch
-    decode = _variants(family, config, arch)["decode"].constants
+    variants = _variants(family, config, arch)
+    decode = variants["decode"].constants
     if switch is not None and decode["warps_per_row"] <= decode["decode_row_warps"] == 12:
-        assert _variants(family, config, arch)["prefill"].constants["rows_per_block"] == 1
+        assert variants["prefill"].block == variants["decode"].block
+        assert variants["prefill"].constants["rows_per_block"] == decode["rows_per_block"]
         moved = switch * family.bytes_per_token(config)
         assert moved >= 32 << 20 > (switch - 1) * family.bytes_per_token(config)
+
+
+@pytest.mark.parametrize("values,rows", [
+    (dict(hidden=128), 4),  # half of each warp predicated off
+    (dict(hidden=256), 4),
+    (dict(hidden=512), 4),
+    (dict(hidden=512, fused_residual=True), 4),
+    (dict(hidden=1024), 2),
+    (dict(hidden=512, dtype="float32"), 2),  # 2 warps of 16-byte vectors
+    (dict(hidden=1536), 1),  # 3 warps: one row, as every wider row
+    (dict(hidden=2048), 1),
+], ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, rows):
+    """Rows of 1-2 warps decode in the prefill block's shape, several rows to a 4-warp block,
+    without its cache hints and keeping x in registers, and without PDL (rms_norm/tuning.py:
+    one-row blocks of one or two warps made a grid the SMs take in too slowly: plain 512 x
+    4096 3.77 -> 2.79 µs). A config's prefill_warps leaves decode's block alone."""
+    family = get_family("rms_norm")
+    arch = get_arch("sm_90a")
+    for prefill_warps in (0, 16):
+        variants = _variants(family, family.make_config(**values, prefill_warps=prefill_warps),
+                             arch)
+        decode = variants["decode"]
+        assert decode.constants["rows_per_block"] == rows
+        assert decode.block == (32 * decode.constants["warps_per_row"] * rows, 1, 1)
+        assert (decode.constants["cache_hints"], decode.constants["reload_x"]) == (0, 0)
+        if rows > 1:
+            assert decode.pdl == 0
+    # and the plan launches one block per `rows` tokens
+    config = family.make_config(**values)
+    (launch,) = _plan(family, config, arch, {"tokens": 1001})
+    assert launch.variant == "decode" and launch.grid == (-(-1001 // rows), 1, 1)
+
+
+def test_rms_norm_records_of_one_row_decode_blocks_still_plan_decode_throughout():
+    """A bundle built before decode shared the 4-warp block (one row per decode block, 4 rows
+    per prefill block) is planned as it was then, decode at every size: its blocks differ, so
+    the 32 MiB rule, which swaps the same block's hints, does not apply."""
+    family = get_family("rms_norm")
+    config = family.make_config(hidden=512)
+    arch = get_arch("sm_90a")
+    variants = _variants(family, config, arch)
+    old = variants["decode"]
+    variants["decode"] = dataclasses.replace(
+        old, block=(32, 1, 1), constants={**old.constants, "rows_per_block": 1})
+    for tokens in (1, 528, 16384, MAX_TOKENS):
+        (launch,) = family.plan(config, variants, {"tokens": tokens}, arch.sm_count)
+        assert (launch.variant, launch.grid) == ("decode", (tokens, 1, 1))
 
 
 # Rows of 14-16 KiB: (config values, the last decode token count, the first prefill one),

@@ -136,7 +136,9 @@ def test_cache_entry_with_artifacts_of_another_variant_is_a_miss(tmp_path, tiny_
 
 
 def _swap(index: dict, fields: tuple[str, ...]) -> None:
-    point = next(p for p in index["points"] if p["family"] == "rms_norm" and p["arch"] == "sm_90a")
+    # qk_norm's decode (one warp) and prefill (four) blocks differ; rms_norm's two-warp rows of
+    # hidden 1024 decode and prefill in the same 4-warp block
+    point = next(p for p in index["points"] if p["family"] == "qk_norm" and p["arch"] == "sm_90a")
     decode, prefill = (next(v for v in point["variants"] if v["name"] == n) for n in ("decode", "prefill"))
     assert decode["block"] != prefill["block"]
     for f in fields:
@@ -160,7 +162,7 @@ def test_swapped_variant_cubins_are_refused(tmp_path, tiny_build, fields):
     bad = rewrite_bundle(tiny_build.path, tmp_path / "swapped.rosebundle",
                          edit_index=lambda index: _swap(index, fields))
     # Refused at open (the names) or at the cubin's first load (the record check).
-    with pytest.raises(BundleError, match=r"rms_norm\(hidden=1024.* on sm_90a: .*variant (decode|prefill)"):
+    with pytest.raises(BundleError, match=r"qk_norm\(num_q_heads=8.* on sm_90a: .*variant (decode|prefill)"):
         open_bundle(bad).check_artifacts("sm_90a")
     result = CliRunner().invoke(main, ["verify", str(bad)])
     assert result.exit_code == 1

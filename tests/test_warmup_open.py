@@ -24,10 +24,16 @@ def _rms_point(index: dict, arch: str, fused: str = "false") -> dict:
                 and f"fused_residual={fused}" in p["key"])
 
 
-def _swap_cubins(index: dict, arch: str, fused: str = "false") -> None:
-    """The decode and prefill cubins of one point swapped, the record digests with them: the
-    index is consistent, only the record check of the cubin can tell."""
-    point = _rms_point(index, arch, fused)
+def _qk_point(index: dict, arch: str) -> dict:
+    return next(p for p in index["points"] if p["family"] == "qk_norm" and p["arch"] == arch)
+
+
+def _swap_cubins(index: dict, arch: str) -> None:
+    """The decode and prefill cubins of the qk_norm point swapped, the record digests with them:
+    the index is consistent, only the record check of the cubin can tell (by the block it was
+    compiled for: one warp for decode, four for prefill; rms_norm's two-warp rows of hidden 1024
+    decode and prefill in the same 4-warp block)."""
+    point = _qk_point(index, arch)
     decode, prefill = (next(v for v in point["variants"] if v["name"] == n)
                        for n in ("decode", "prefill"))
     assert decode["block"] != prefill["block"]
@@ -130,7 +136,7 @@ def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
     bad = rewrite_bundle(tiny_build.path, tmp_path / "swapped.rosebundle",
                          edit_index=lambda index: _swap_cubins(index, "sm_100a"))
     bundle = open_bundle(bad)  # the records are fine; the swapped cubin is not loaded yet
-    key = _rms_point(bundle.index, "sm_100a")["key"]
+    key = _qk_point(bundle.index, "sm_100a")["key"]
     assert key in bundle.points("sm_100a")
     bundle.check_artifacts("sm_90a")  # the other arch loads
 
@@ -163,12 +169,12 @@ def test_a_cubin_that_does_not_match_its_record_never_reaches_the_driver(
 @pytest.mark.parametrize("threads", [1, 2, 4, 16])
 def test_check_artifacts_raises_the_first_error_in_point_order(tiny_build, tmp_path, threads):
     def break_two(index):
-        _swap_cubins(index, "sm_100a", "true")
-        _swap_cubins(index, "sm_90a", "false")
+        _swap_cubins(index, "sm_90a")
+        _swap_cubins(index, "sm_100a")
 
     bad = rewrite_bundle(tiny_build.path, tmp_path / "two.rosebundle", edit_index=break_two)
-    first = min(_rms_point(open_bundle(bad).index, arch, fused)["key"] + "@" + arch
-                for arch, fused in (("sm_100a", "true"), ("sm_90a", "false")))
+    first = min(_qk_point(open_bundle(bad).index, arch)["key"] + "@" + arch
+                for arch in ("sm_90a", "sm_100a"))
     key, arch = first.split("@")
     for _ in range(5):  # whichever thread gets there first
         with pytest.raises(BundleError, match=rf"{key.replace('(', '.').replace(')', '.')} on "

@@ -4,15 +4,15 @@ With ``fused_residual`` the kernel first forms r = x + residual (rounded to the 
 writes r back into ``residual`` and normalizes r: the usual pre-norm "add & norm" of a decoder
 layer in one pass over memory.
 
-Work split: a row is handled by a group of whole warps, each thread holding a few vectors of
-the row in registers (one pass over DRAM; statistics in fp32). The sum of squares is a warp
-butterfly, then, for rows spread over several warps, one exchange through shared memory.
-Vectors are the arch's widest access the row allows (128-bit on sm_90a, 256-bit on sm_100a).
-The prefill variant's loads carry torch.compile's cache policy (L1 and L2 evict_last on a first
-read, evict_first on its second read of x, from L1): 3-4% faster at 32768 tokens on the H200.
-Rows of 14-16 KiB (hidden 7168-8192 in bf16) have a third variant between the two, `mid`: the
-decode block widened to 16 warps and held to 32 registers, so that 4 rows fit an SM where the
-decode variant fits 3 (tuning.py).
+Work split: a row is handled by a group of whole warps (rows of 1-2 warps share a 4-warp block),
+each thread holding a few vectors of the row in registers (one pass over DRAM; statistics in fp32).
+The sum of squares is a warp butterfly, then, for rows spread over several warps, one exchange
+through shared memory. Vectors are the arch's widest access the row allows (128-bit on sm_90a,
+256-bit on sm_100a). The prefill variant's loads carry torch.compile's cache policy (L1 and L2
+evict_last on a first read, evict_first on its second read of x, from L1): 3-4% faster at 32768
+tokens on the H200. Rows of 14-16 KiB (hidden 7168-8192 in bf16) have a third variant between the
+two, `mid`: the decode block widened to 16 warps and held to 32 registers, so that 4 rows fit an SM
+where the decode variant fits 3 (tuning.py).
 """
 
 from __future__ import annotations
@@ -142,9 +142,14 @@ class RmsNorm(KernelFamily):
         # launch with its predecessor's tail (benchmarks/bench_pdl.py: a 20-kernel one-token
         # chain 44.8 vs 50.0 µs). Not for rows of fewer than 4 warps: the griddepcontrol
         # prologue costs every block, and with one-warp blocks (hidden 128) it doubled the
-        # time at 32768 tokens (1420 vs 714 µs on the H200, 2026-11-30).
+        # time at 32768 tokens (1420 vs 714 µs on the H200, 2026-11-30; measured before those
+        # rows shared a block, below, and not since).
         warps, per_thread = row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes)
-        decode = variant("decode", warps, per_thread, 1, pdl=PDL_MAX_THREADS if warps >= 4 else 0)
+        # Rows of 1-2 warps share a block of DECODE_BLOCK_WARPS (tuning.py: grids of one- and
+        # two-warp blocks are bound by the rate the SMs take blocks in).
+        rows = max(1, tuning.DECODE_BLOCK_WARPS // warps)
+        decode = variant("decode", warps, per_thread, rows,
+                         pdl=PDL_MAX_THREADS if warps >= 4 else 0)
         low, high = tuning.MID_ROW_BYTES
         mid = None
         if low <= c.hidden * DTYPES[c.dtype].bits // 8 <= high:
@@ -174,9 +179,9 @@ class RmsNorm(KernelFamily):
         tokens = sizes["tokens"]
         decode = variants["decode"].constants
         row_warps = decode["warps_per_row"]
-        # Where the prefill block is the decode block (one row; rows of at least the prefill
-        # block's warps), it differs by its cache hints, which pay only on very large calls.
-        hinted_decode = variants["prefill"].constants["rows_per_block"] == 1
+        # Where the prefill block is the decode block (the same rows), it differs by its cache
+        # hints, which pay only on very large calls.
+        hinted_decode = variants["prefill"].constants["rows_per_block"] == decode["rows_per_block"]
         moved = tokens * self.bytes_per_token(c)
         use_decode = (  # measured rule, see tuning.py
             (row_warps <= decode["decode_row_warps"]

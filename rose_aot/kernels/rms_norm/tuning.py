@@ -9,16 +9,17 @@ measurement of their own use sm_90a's.
 from __future__ import annotations
 
 __all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES",
-           "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES"]
+           "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES",
+           "DECODE_BLOCK_WARPS"]
 
 # Warps per block of the prefill variant: 4 and 8 tie (1616.0 vs 1616.1 µs summed over the six
 # shapes at 8192 and 32768 tokens); 16 and 32 are slower.
 PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 
-# rms_norm keeps one row per block (its decode variant) when the row needs at most
-# DECODE_ROW_WARPS warps (hidden <= 6144 in bf16) and the call moves less than PREFILL_MIN_BYTES
-# (below), or while its grid has at most DECODE_WARPS_PER_SM warps per SM (hidden 7168: prefill
-# wins from 512 tokens, 4.09 vs 4.33 µs).
+# rms_norm keeps its decode variant (one row per block; rows of 1-2 warps: DECODE_BLOCK_WARPS
+# below) when the row needs at most DECODE_ROW_WARPS warps (hidden <= 6144 in bf16) and the
+# call moves less than PREFILL_MIN_BYTES (below), or while its grid has at most
+# DECODE_WARPS_PER_SM warps per SM (hidden 7168: prefill wins from 512 tokens, 4.09 vs 4.33 µs).
 # These were measured with the earlier prefill shape (8 vectors per thread, no cache hints),
 # against which decode was never slower for rows of <= 8 warps, within 1%. The prefill variant
 # of 2026-12-01 (2 vectors, hints, x read twice) is level with or ahead of torch.compile from
@@ -56,6 +57,27 @@ DECODE_WARPS_PER_SM = 32
 # their decode figures came after hinted kernels had run on the same tensors and gained 4-7%
 # from the lines those left in L2.)
 PREFILL_MIN_BYTES = 32 << 20
+
+# Rows of 1-2 warps (hidden <= 1024 in bf16; DeepSeek-V3's kv_a_layernorm at 512) share a decode
+# block of this many warps, the prefill block's (4 rows of one warp, 2 of two), so that they follow
+# the 32 MiB rule above as the one-row blocks of 4-12 warps do: decode is that block without cache
+# hints and with x kept in registers.
+# Before, decode launched one row per block and the plan never left it: a grid of one- or two-warp
+# blocks is bound by how fast the SMs take in blocks (plain 512 x 16384: 11.4 µs, the 4-row block
+# 6.6). One H200, 2026-12-02 (benchmarks/results/norm-narrow-rows-experiment-h200.md): first every
+# variant forced (`python benchmarks/ab_norms.py main=BUNDLE nh=BUNDLE --hidden
+# 128,256,512,1024,1536 --tokens 128,1024,4096,16384,65536 --force decode,prefill`, nh the 4-warp
+# block without hints), then main's plan against this one, both in one process (`... old=BUNDLE
+# b=BUNDLE --hidden 256,512,1024 --tokens 1,16,128,256,512,1024,2048,4096,16384,65536 --force
+# decode,prefill`): 0.5-65% less time from 1024 tokens at hidden 256-1024 (plain 512 x 4096 3.76 ->
+# 2.79, x 16384 11.42 -> 6.59; torch.compile 2.48, 6.43), 2-13% at 1-1024 tokens of two-warp rows
+# (plain 1024 x 1: 1.45 -> 1.29; fused 1024 x 1024: 2.63 -> 2.30); at 16-512 tokens of 512, up to
+# 5% more (plain x 512: 1.65 -> 1.73; fused x 16: 1.44 -> 1.50; x 128 level), where one-row blocks
+# spread the few rows over more SMs. Forced, the 4-row block with the hints was 0.6-2.2% faster
+# than without from 32 MiB (fused 512 x 65536: 64.99 vs 66.23) but at fused 1024 x 4096 (32 MiB
+# exactly: 6.09 vs 5.86) and plain 256 x 65536 (18.28 vs 17.70), whose rows stay partly in the L2
+# between replays.
+DECODE_BLOCK_WARPS = 4
 
 # Rows of 14-16 KiB (hidden 7168-8192 in bf16: 14-16 warps of 2 vectors) have a third
 # variant, `mid`, for the calls between the decode range (the grid rule above) and
