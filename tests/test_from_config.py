@@ -189,9 +189,11 @@ def test_every_shipped_config_is_covered():
     assert NAMES == sorted(EXPECTED)
     covered = {EXPECTED[n][0] for n in NAMES}
     # Every supported architecture has a shipped config but the text-only Gemma 3 class, Qwen2,
-    # Phi-3 and Gemma 2 (tests from their config fields below), which no shipped manifest uses.
+    # Phi-3, Gemma 2 and Qwen2-MoE (tests from their config fields below), which no shipped
+    # manifest uses.
     assert set(SUPPORTED_ARCHITECTURES) - covered == {
-        "Gemma3ForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM"}
+        "Gemma3ForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM",
+        "Qwen2MoeForCausalLM"}
 
 
 # ------------------------------------------------------------------------------ shipped manifests
@@ -374,6 +376,82 @@ def test_gemma2_derives_gemma_norms_and_the_tanh_geglu_without_qk_norm():
     assert derived.architecture == "Gemma2ForCausalLM" and "rms_norm_eps" in derived.defaulted
     assert rms(hidden=3584, eps=1e-6, weight_offset=1.0, fused_residual=False) in [
         p.key for p in derived.manifest().points]
+
+
+# Qwen/Qwen1.5-MoE-A2.7B's config.json: the fields a manifest reads and a few it must ignore.
+QWEN15_MOE = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_act": "silu",
+    "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+    "norm_topk_prob": False, "decoder_sparse_step": 1, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "num_hidden_layers": 24, "rms_norm_eps": 1e-06,
+    "max_window_layers": 21, "use_sliding_window": False, "sliding_window": 32768,
+    "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "vocab_size": 151936,
+}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_qwen2_moe_derives_routed_and_shared_expert_points(tp):
+    """Qwen1.5-MoE / Qwen2-MoE: the decoder norms, no Q/K head norm, the MoE dispatch and
+    combine of each rank's experts, and two SiLU widths: the routed experts' (whole on a rank)
+    and the one shared expert's, split over the ranks."""
+    derived = derive_manifest(dict(QWEN15_MOE), path="qwen1.5-moe/config.json", tp=tp)
+    assert derived.architecture == "Qwen2MoeForCausalLM"
+    moe = derived.moe
+    assert (moe.num_experts, moe.top_k, moe.hidden, moe.intermediate_size) == (60, 4, 2048, 1408)
+    assert (moe.shared_experts, moe.moe_layers, moe.renormalize, moe.scoring) == (
+        1, 24, False, "softmax")
+    assert moe.experts_per_rank == 60 // tp
+    keys = [p.key for p in derived.manifest().points if p.family != "all_reduce"]
+    assert keys[:2] == [rms(hidden=2048, eps=1e-6, fused_residual=False),
+                        rms(hidden=2048, eps=1e-6, fused_residual=True)]
+    assert not any(k.startswith("qk_norm") for k in keys)
+    # at tp 4 the shared expert's share (5632 / 4) is the routed width: one point serves both
+    assert [k for k in keys if k.startswith("act_and_mul")] == list(dict.fromkeys([
+        "act_and_mul(d=1408,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
+        f"act_and_mul(d={5632 // tp},activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
+    ]))
+    dispatches = [p.config for p in derived.manifest().points if p.family == "moe_dispatch"]
+    assert [(c.expert_start, c.local_experts) for c in dispatches] == [
+        (r * 60 // tp, 60 // tp) for r in range(tp)]
+    assert combine(top_k=4, hidden=2048) in keys
+    without = {k: v for k, v in QWEN15_MOE.items() if k != "architectures"}
+    assert derive_manifest(without, path="q/config.json").architecture == "Qwen2MoeForCausalLM"
+
+
+def test_qwen2_moe_without_a_shared_expert_and_with_dense_layers():
+    """A shared_expert_intermediate_size of 0 gives no shared-expert width; mlp_only_layers
+    takes layers out of the MoE count and adds the dense MLP's width."""
+    cfg = dict(QWEN15_MOE, shared_expert_intermediate_size=0, mlp_only_layers=[0, 1])
+    derived = derive_manifest(cfg, path="q/config.json")
+    assert (derived.moe.shared_experts, derived.moe.moe_layers) == (0, 22)
+    assert [p.key for p in derived.manifest().points if p.family == "act_and_mul"] == [
+        "act_and_mul(d=1408,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",
+        "act_and_mul(d=5632,activation=silu,dtype=bfloat16,out_dtype=bfloat16)",  # dense layers
+    ]
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("shared_expert_intermediate_size", None, "missing; Qwen2MoeForCausalLM needs it"),
+    ("shared_expert_intermediate_size", -1, "must be >= 0"),
+    ("shared_expert_intermediate_size", "5632", "must be an integer"),
+])
+def test_qwen2_moe_bad_shared_expert_fields_name_the_field(field, value, words):
+    cfg = dict(QWEN15_MOE)
+    if value is None:
+        del cfg[field]
+    else:
+        cfg[field] = value
+    with pytest.raises(ManifestError, match=words) as err:
+        derive_manifest(cfg, path="q/config.json")
+    assert field in str(err.value)
+
+
+def test_qwen2_moe_shared_expert_that_does_not_split_over_tp():
+    cfg = dict(QWEN15_MOE, shared_expert_intermediate_size=5630)
+    with pytest.raises(ManifestError, match="does not split evenly over --tp 4") as err:
+        derive_manifest(cfg, path="q/config.json", tp=4)
+    assert "shared_expert_intermediate_size" in str(err.value)
 
 
 def test_model_type_alone_names_the_architecture():

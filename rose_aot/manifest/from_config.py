@@ -187,7 +187,21 @@ def _qwen3(v: _View) -> _Model:
 
 
 def _qwen3_moe(v: _View) -> _Model:
-    model = _qwen3(v)
+    return _qwen_moe(v, _qwen3(v), shared_experts=0)
+
+
+def _qwen2_moe(v: _View) -> _Model:
+    """Qwen1.5-MoE and Qwen2-MoE (Qwen2-57B-A14B): Qwen3-MoE's routing and layers without the
+    per-head Q/K norm, and one shared expert, shared_expert_intermediate_size wide, beside the
+    routed ones (its sigmoid gate is a GEMM's business)."""
+    model = _llama(v)
+    shared = v.int("shared_expert_intermediate_size", "the shared expert", minimum=0)
+    return _qwen_moe(v, model, shared_experts=int(shared > 0))
+
+
+def _qwen_moe(v: _View, model: _Model, shared_experts: int) -> _Model:
+    """The MoE layers of Qwen2-MoE and Qwen3-MoE: every decoder_sparse_step-th layer but the
+    mlp_only_layers, softmax routing."""
     layers = v.int("num_hidden_layers", "counting the MoE layers")
     step = v.int("decoder_sparse_step", "counting the MoE layers", default=1)
     dense = set(v.int_list("mlp_only_layers", "counting the MoE layers", default=[]))
@@ -197,7 +211,7 @@ def _qwen3_moe(v: _View) -> _Model:
         "top_k": v.int("num_experts_per_tok", "the MoE dispatch"),
         "hidden": model.hidden,
         "intermediate_size": v.int("moe_intermediate_size", "the MoE experts"),
-        "shared_experts": 0,
+        "shared_experts": shared_experts,
         # Counted, not looped: num_hidden_layers comes from the file and may be huge.
         "moe_layers": layers // step
         - sum(1 for i in dense if 0 <= i < layers and (i + 1) % step == 0),
@@ -344,6 +358,7 @@ def _replace(model: _Model, **changes) -> _Model:
 _ARCHITECTURES: dict[str, tuple[Callable[[_View], _Model], str | None]] = {
     "Qwen3ForCausalLM": (_qwen3, None),
     "Qwen3MoeForCausalLM": (_qwen3_moe, None),
+    "Qwen2MoeForCausalLM": (_qwen2_moe, None),
     "LlamaForCausalLM": (_llama, None),
     "MistralForCausalLM": (_llama, None),
     # Qwen2 and Qwen2.5 dense: Llama's norms and gated SiLU MLP (their q/k/v biases are the
@@ -362,6 +377,7 @@ _ARCHITECTURES: dict[str, tuple[Callable[[_View], _Model], str | None]] = {
 _MODEL_TYPES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",

@@ -6,7 +6,8 @@ The gated MLPs of a model and the width d of act(gate) * up in each (one point p
   gate/up projections), so d = intermediate_size / tp;
 - routed experts (Qwen3-MoE ``moe_intermediate_size``, Mixtral ``intermediate_size``, DeepSeek
   ``moe_intermediate_size``): whole experts live on a rank, so d is the expert width;
-- DeepSeek's shared experts: moe_intermediate_size * n_shared_experts, split over the ranks.
+- DeepSeek's shared experts: moe_intermediate_size * n_shared_experts, split over the ranks;
+  Qwen2-MoE's one shared expert: shared_expert_intermediate_size, split over the ranks.
 The activation comes from ``hidden_act`` (``hidden_activation`` for Gemma 2 and 3, whose
 transformers default is ``gelu_pytorch_tanh``). gpt-oss's MLP is a clamped SwiGLU
 (``swiglu_limit``, alpha 1.702, (up + 1)), a different function: it gets no act_and_mul point.
@@ -68,9 +69,14 @@ def _widths(view, architecture: str, tp: int) -> list[tuple[int, str, str]]:
     if architecture in _DENSE:
         inter = view.int("intermediate_size", "the MLP activation")
         add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size", "dense MLP" + rank)
-    elif architecture == "Qwen3MoeForCausalLM":
+    elif architecture in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         add(view.int("moe_intermediate_size", "the expert activation"), "moe_intermediate_size",
             "routed experts")
+        if architecture == "Qwen2MoeForCausalLM":
+            shared = view.int("shared_expert_intermediate_size", "the shared expert", minimum=0)
+            if shared:
+                add(_per_rank(view, "shared_expert_intermediate_size", shared, tp),
+                    "shared_expert_intermediate_size", "shared expert" + rank)
         if view.data.get("mlp_only_layers") or view.data.get("decoder_sparse_step", 1) != 1:
             inter = view.int("intermediate_size", "the dense MLP activation")
             add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size",
