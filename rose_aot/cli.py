@@ -520,7 +520,7 @@ def from_config(config, tp, ep, archs, dtype, name, output, as_json):
     """Derive a manifest from a Hugging Face CONFIG (config.json, or the model folder).
 
     Knows Qwen3 (dense and MoE), Qwen2 / Qwen2.5, Qwen1.5-MoE / Qwen2-MoE, Llama, Mistral,
-    Phi-3 / Phi-4, Mixtral, Gemma 2, Gemma 3, DeepSeek-V3 and gpt-oss:
+    Phi-3 / Phi-4, Mixtral, Gemma 2, Gemma 3, DeepSeek-V2 / V2-Lite, DeepSeek-V3 and gpt-oss:
     rms_norm points for the decoder norms (plain and fused residual add), qk_norm for models
     with per-head Q/K norms, with eps, head_dim and Gemma's weight offset; moe_dispatch /
     moe_combine for MoE layers (the rank's experts under --tp); gated activation and FP8 /

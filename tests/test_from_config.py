@@ -189,11 +189,11 @@ def test_every_shipped_config_is_covered():
     assert NAMES == sorted(EXPECTED)
     covered = {EXPECTED[n][0] for n in NAMES}
     # Every supported architecture has a shipped config but the text-only Gemma 3 class, Qwen2,
-    # Phi-3, Gemma 2 and Qwen2-MoE (tests from their config fields below), which no shipped
-    # manifest uses.
+    # Phi-3, Gemma 2, Qwen2-MoE and DeepSeek-V2 (tests from their config fields below), which no
+    # shipped manifest uses.
     assert set(SUPPORTED_ARCHITECTURES) - covered == {
         "Gemma3ForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM",
-        "Qwen2MoeForCausalLM"}
+        "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM"}
 
 
 # ------------------------------------------------------------------------------ shipped manifests
@@ -454,6 +454,65 @@ def test_qwen2_moe_shared_expert_that_does_not_split_over_tp():
     assert "shared_expert_intermediate_size" in str(err.value)
 
 
+# deepseek-ai/DeepSeek-V2's and DeepSeek-V2-Lite's config.json: the fields a manifest reads and
+# a few it must ignore.
+DEEPSEEK_V2 = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_act": "silu",
+    "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+    "n_routed_experts": 160, "n_shared_experts": 2, "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "num_hidden_layers": 60,
+    "n_group": 8, "topk_group": 3, "topk_method": "group_limited_greedy",
+    "scoring_func": "softmax", "norm_topk_prob": False, "routed_scaling_factor": 16.0,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000, "torch_dtype": "bfloat16", "vocab_size": 102400,
+}
+DEEPSEEK_V2_LITE = dict(
+    DEEPSEEK_V2, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+    n_routed_experts=64, num_hidden_layers=27, n_group=1, topk_group=1, topk_method="greedy",
+    routed_scaling_factor=1.0, q_lora_rank=None, num_attention_heads=16, num_key_value_heads=16,
+)
+
+
+@pytest.mark.parametrize("cfg, hidden, latents, experts, widths, groups", [
+    (DEEPSEEK_V2, 5120, (1536, 512), 160, (12288, 1536, 3072), (8, 3, 16.0)),
+    # no q_lora_rank (queries not compressed): the key/value latent's norm only
+    (DEEPSEEK_V2_LITE, 2048, (512,), 64, (10944, 1408, 2816), (1, 1, 1.0)),
+], ids=["v2", "v2-lite"])
+def test_deepseek_v2_derives_v3s_norms_and_experts_with_softmax_routing(
+        cfg, hidden, latents, experts, widths, groups):
+    """DeepSeek-V2 and V2-Lite: the decoder norms and MLA latent norms, 6 of the routed experts
+    with softmax routing (group-limited in V2), MoE from the second layer, and three SiLU widths:
+    the dense first layer, a routed expert, the two shared experts together."""
+    derived = derive_manifest(dict(cfg), path="deepseek-v2/config.json")
+    assert derived.architecture == "DeepseekV2ForCausalLM"
+    moe = derived.moe
+    assert (moe.num_experts, moe.top_k, moe.shared_experts, moe.moe_layers) == (
+        experts, 6, 2, cfg["num_hidden_layers"] - 1)
+    assert (moe.scoring, moe.renormalize, moe.fp8_block) == ("softmax", False, 0)
+    assert (moe.expert_groups, moe.topk_groups, moe.routed_scaling_factor) == groups
+    keys = [p.key for p in derived.manifest().points]
+    assert keys == [
+        rms(hidden=hidden, eps=1e-6, fused_residual=False),
+        rms(hidden=hidden, eps=1e-6, fused_residual=True),
+        *(rms(hidden=w, eps=1e-6) for w in latents),
+        *moe_points(experts, 6, hidden),
+        *(f"act_and_mul(d={d},activation=silu,dtype=bfloat16,out_dtype=bfloat16)" for d in widths),
+    ]
+    text = derived.to_toml()
+    assert "the MTP" not in text
+    assert "input_layernorm, post_attention_layernorm and the final norm" in text
+    without = {k: v for k, v in cfg.items() if k != "architectures"}
+    assert derive_manifest(without, path="d/config.json").architecture == "DeepseekV2ForCausalLM"
+
+
+def test_deepseek_v2_missing_routing_field_names_it():
+    cfg = {k: v for k, v in DEEPSEEK_V2.items() if k != "n_group"}
+    with pytest.raises(ManifestError, match="missing; DeepseekV2ForCausalLM needs it") as err:
+        derive_manifest(cfg, path="d/config.json")
+    assert "n_group" in str(err.value)
+
+
 def test_model_type_alone_names_the_architecture():
     cfg = config("llama-3.1-8b")
     del cfg["architectures"]
@@ -610,7 +669,8 @@ def broken(tmp_path, name, edit) -> Path:
             "qwen3-8b",
             lambda c: c.update(architectures=["FooForCausalLM"]),
             "architectures",
-            "['FooForCausalLM'] is not supported; from-config knows DeepseekV3ForCausalLM",
+            "['FooForCausalLM'] is not supported; from-config knows DeepseekV2ForCausalLM, "
+            "DeepseekV3ForCausalLM",
         ),
         (
             "qwen3-8b",

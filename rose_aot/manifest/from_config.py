@@ -288,6 +288,17 @@ def _gemma2(v: _View) -> _Model:
 
 
 def _deepseek_v3(v: _View) -> _Model:
+    return _deepseek(v, "input_layernorm, post_attention_layernorm, the MTP and final norms")
+
+
+def _deepseek_v2(v: _View) -> _Model:
+    """DeepSeek-V2 and V2-Lite: V3's MLA latent norms, shared experts and MoE layer count, with
+    V2's softmax routing (group-limited in V2, greedy in V2-Lite), read from the same fields;
+    no MTP module."""
+    return _deepseek(v, "input_layernorm, post_attention_layernorm and the final norm")
+
+
+def _deepseek(v: _View, norm_comment: str) -> _Model:
     hidden = v.int("hidden_size", "the decoder RMSNorm")
     eps = v.float("rms_norm_eps", "the RMSNorm eps")
     extra = []
@@ -324,7 +335,7 @@ def _deepseek_v3(v: _View) -> _Model:
     return _Model(
         hidden,
         eps,
-        norm_comment="input_layernorm, post_attention_layernorm, the MTP and final norms",
+        norm_comment=norm_comment,
         extra_norms=tuple(extra),
         moe=moe,
         moe_field="n_routed_experts",
@@ -372,6 +383,7 @@ _ARCHITECTURES: dict[str, tuple[Callable[[_View], _Model], str | None]] = {
     "Gemma3ForCausalLM": (_gemma3, None),
     "Gemma3ForConditionalGeneration": (_gemma3, "text_config"),
     "DeepseekV3ForCausalLM": (_deepseek_v3, None),
+    "DeepseekV2ForCausalLM": (_deepseek_v2, None),
     "GptOssForCausalLM": (_gpt_oss, None),
 }
 _MODEL_TYPES = {
@@ -387,6 +399,7 @@ _MODEL_TYPES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3": "Gemma3ForConditionalGeneration",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_ARCHITECTURES))

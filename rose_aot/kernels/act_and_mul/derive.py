@@ -4,8 +4,8 @@ need from config.json (:func:`read_mlp`, called by the manifest deriver with its
 The gated MLPs of a model and the width d of act(gate) * up in each (one point per distinct d):
 - dense MLP layers: ``intermediate_size`` split over the tensor-parallel ranks (column-parallel
   gate/up projections), so d = intermediate_size / tp;
-- routed experts (Qwen3-MoE ``moe_intermediate_size``, Mixtral ``intermediate_size``, DeepSeek
-  ``moe_intermediate_size``): whole experts live on a rank, so d is the expert width;
+- routed experts (Qwen2/3-MoE ``moe_intermediate_size``, Mixtral ``intermediate_size``, DeepSeek
+  V2/V3 ``moe_intermediate_size``): whole experts live on a rank, so d is the expert width;
 - DeepSeek's shared experts: moe_intermediate_size * n_shared_experts, split over the ranks;
   Qwen2-MoE's one shared expert: shared_expert_intermediate_size, split over the ranks.
 The activation comes from ``hidden_act`` (``hidden_activation`` for Gemma 2 and 3, whose
@@ -84,7 +84,7 @@ def _widths(view, architecture: str, tp: int) -> list[tuple[int, str, str]]:
     elif architecture == "MixtralForCausalLM":
         add(view.int("intermediate_size", "the expert activation"), "intermediate_size",
             "routed experts")
-    elif architecture == "DeepseekV3ForCausalLM":
+    elif architecture in ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"):
         if view.int("first_k_dense_replace", "the dense MLP layers", minimum=0) > 0:
             inter = view.int("intermediate_size", "the dense MLP activation")
             add(_per_rank(view, "intermediate_size", inter, tp), "intermediate_size",
