@@ -326,6 +326,30 @@ def test_sass_count_of_a_compiled_point():
     assert rows["prefill"]["per_element"] < rows["decode"]["per_element"]
 
 
+@pytest.mark.parametrize("values, variant, loads", [
+    ({"hidden": 512}, "decode", 4),  # x and w: 2 vectors each
+    ({"hidden": 512, "fused_residual": True}, "decode", 6),  # and the residual
+    ({"hidden": 4096}, "prefill", 4),  # the first read of x (its second read follows the sum)
+    ({"hidden": 8192}, "mid", 4),
+])
+def test_rms_norm_weight_first_variants_issue_every_load_before_the_sum(tmp_path, values,
+                                                                         variant, loads):
+    """The variants that load the weight first (rms_norm/tuning.py, WEIGHT_FIRST) issue the
+    weight's loads with x's, before the row's sum (its first shuffle), in the compiled SASS.
+    Loaded after x in the source, ptxas issued them once x had arrived: after the sum for 512's
+    decode, 4096's prefill and 8192's mid, so each of these counted 2 loads here."""
+    pytest.importorskip("cutlass")
+    sass = _load_sass_count()
+    if sass.find_nvdisasm() is None:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)")
+    sass.count_point("rms_norm", values, "sm_90a", dump=tmp_path)
+    listing = (tmp_path / f"rms_norm-{variant}-sm_90a.sass").read_text()
+    opcodes = [sass.opcode(text) for text in sass.main_path(listing)[0]]
+    first_sum = opcodes.index("SHFL")
+    assert opcodes[:first_sum].count("LDG") == loads
+    assert opcodes.count("LDG") == loads + 2 * (variant == "prefill")
+
+
 @pytest.mark.parametrize("extra, code, message", [
     (["hidden7168"], 2, "a config field is FIELD=VALUE, got 'hidden7168'"),
     (["hidden=7168", "--dump", "FILE"], 1, "is not a folder"),

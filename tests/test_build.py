@@ -204,13 +204,14 @@ def test_qk_norm_ptx_is_vectorized_shuffled_and_register_only(head_dim, arch):
 def test_rms_norm_prefill_loads_carry_the_cache_policy(hidden, fused, arch):
     """The prefill variant's global loads carry L1 and L2 eviction hints made by createpolicy:
     evict_last on a first read (x, residual, weight), evict_first on the second read of x (not
-    fused). The decode variant's loads, those of `mid` (rows of 8192, 16 KiB) and every store
-    carry none (hints cost decode latency). All hold 32 bytes of the row per thread;
-    full-width accesses, no local memory."""
+    fused). The decode variant's loads, those of `mid` (rows of 8192, 16 KiB, and plain rows of
+    4096, 8 KiB) and every store carry none (hints cost decode latency). All hold 32 bytes of
+    the row per thread; full-width accesses, no local memory."""
     values = (("hidden", hidden), ("dtype", "bfloat16"), ("fused_residual", fused))
     config, compiled = _compiled("rms_norm", values, arch)
     variants = {v.name: v for v in get_family("rms_norm").variants(config, get_arch(arch))}
-    names = {"decode", "mid", "prefill"} if hidden == 8192 else {"decode", "prefill"}
+    with_mid = hidden == 8192 or not fused
+    names = {"decode", "mid", "prefill"} if with_mid else {"decode", "prefill"}
     assert set(variants) == set(compiled.artifacts) == names
     bits = 256 if arch == "sm_100a" else 128
     for name, (ptx, _cubin) in compiled.artifacts.items():

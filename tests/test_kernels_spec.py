@@ -250,7 +250,8 @@ def test_make_config_rejects_with_the_field_named(family_name, values, field):
 # ------------------------------------------------------------------------------ launch plans
 
 PLAN_CONFIGS = [
-    ("rms_norm", dict(hidden=4096)),
+    # decode and prefill only (plain rows of 8-16 KiB have `mid`: RMS_NORM_MID_RANGES below)
+    ("rms_norm", dict(hidden=4096, fused_residual=True)),
     ("rms_norm", dict(hidden=2048)),
     ("rms_norm", dict(hidden=3840, weight_offset=1.0, fused_residual=True)),  # predicated tail
     ("rms_norm", dict(hidden=16384)),
@@ -337,7 +338,6 @@ def test_plan_switches_once_from_decode_to_prefill(family_name, values, arch_nam
 # (config values, the first token count planned as prefill on sm_90a; None: decode throughout)
 RMS_NORM_SWITCHES = [
     # rows of 8 warps: 32 MiB moved from 2048 tokens of 4096 (plain: 16 KiB per token)
-    (dict(hidden=4096), 2048),
     (dict(hidden=4096, fused_residual=True), 1024),  # 32 KiB per token
     (dict(hidden=3584), 2341),  # 7 warps, 14 KiB per token: 32 MiB from 2340.6 tokens
     (dict(hidden=2048), 4096),  # 4 warps: one row per prefill block too
@@ -348,10 +348,8 @@ RMS_NORM_SWITCHES = [
     (dict(hidden=1024), 8192),
     (dict(hidden=512), 16384),
     (dict(hidden=512, fused_residual=True), 8192),
-    # 10 and 12 warps: 32 MiB from 1638.4 tokens of 5120 (20 KiB per token), 1365.3 of 6144;
-    # fused 40 and 48 KiB per token (the grid rule alone switched at 423 and 353)
-    (dict(hidden=5120), 1639),
-    (dict(hidden=6144), 1366),
+    # 10 and 12 warps fused: 40 and 48 KiB per token (the grid rule alone switched at 423 and
+    # 353; the plain rows of 8-12 warps have `mid`: RMS_NORM_MID_RANGES)
     (dict(hidden=5120, fused_residual=True), 820),
     (dict(hidden=6144, fused_residual=True), 683),
     # 17 and 32 warps: the grid rule alone (132 SMs x 32 warps / warps per row)
@@ -412,6 +410,34 @@ def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, r
     assert launch.variant == "decode" and launch.grid == (-(-1001 // rows), 1, 1)
 
 
+@pytest.mark.parametrize("values, decode_first, prefill_first, mid", [
+    ({"hidden": 128}, 0, 0, None),  # one vector per thread (half a warp)
+    ({"hidden": 256}, 0, 0, None),
+    ({"hidden": 256, "fused_residual": True}, 0, 0, None),
+    ({"hidden": 512}, 1, 1, None),  # one warp of two vectors per thread
+    ({"hidden": 512, "fused_residual": True}, 1, 1, None),
+    ({"hidden": 512, "dtype": "float32"}, 0, 1, None),  # 2 KiB rows of fp32: two warps
+    ({"hidden": 1024}, 0, 1, None),
+    ({"hidden": 4096}, 0, 1, (1, 1)),
+    ({"hidden": 4096, "fused_residual": True}, 0, 1, None),
+    ({"hidden": 6144}, 0, 1, (1, 1)),
+    ({"hidden": 8192}, 0, 1, (1, 1)),
+    ({"hidden": 8192, "fused_residual": True}, 0, 1, (0, 0)),
+])
+def test_rms_norm_variants_that_load_the_weight_first(values, decode_first, prefill_first, mid):
+    """Where the weight's load is issued with x's (rms_norm/tuning.py, WEIGHT_FIRST): the decode
+    variant of rows of one warp of two vectors per thread, the prefill variant of rows of two
+    vectors per thread, and the plain `mid`, which also forms x * w before the row's sum; the
+    fused `mid` and every other variant load it after x, as before."""
+    family = get_family("rms_norm")
+    variants = _variants(family, family.make_config(**values), get_arch("sm_90a"))
+    first = {name: (v.constants["weight_first"], v.constants["scale_before_sum"])
+             for name, v in variants.items()}
+    assert first["decode"] == (decode_first, 0)
+    assert first["prefill"] == (prefill_first, 0)
+    assert first.get("mid") == mid
+
+
 def test_rms_norm_records_of_one_row_decode_blocks_still_plan_decode_throughout():
     """A bundle built before decode shared the 4-warp block (one row per decode block, 4 rows
     per prefill block) is planned as it was then, decode at every size: its blocks differ, so
@@ -428,9 +454,15 @@ def test_rms_norm_records_of_one_row_decode_blocks_still_plan_decode_throughout(
         assert (launch.variant, launch.grid) == ("decode", (tokens, 1, 1))
 
 
-# Rows of 14-16 KiB: (config values, the last decode token count, the first prefill one),
-# `mid` in between, on sm_90a (132 SMs).
+# Rows of 14-16 KiB and plain rows of 8-12 KiB: (config values, the last decode token count,
+# the first prefill one), `mid` in between, on sm_90a (132 SMs).
 RMS_NORM_MID_RANGES = [
+    # plain 8, 10 and 12 warps: decode to 528, 422 and 352 tokens (132 x 32 / warps); 64 MiB
+    # from 4096 tokens of 4096 (16 KiB per token), 3276.8 of 5120, 2730.7 of 6144
+    (dict(hidden=4096), 528, 4096),
+    (dict(hidden=5120), 422, 3277),
+    (dict(hidden=6144), 352, 2731),
+    (dict(hidden=2048, dtype="float32"), 528, 4096),  # 8 KiB rows of fp32: 8 warps
     # 14 warps: the grid rule ends decode at 132 x 32 / 14 = 301.7 tokens; 64 MiB from 2340.6
     # tokens of 7168 (28 KiB per token), 1170.3 with the residual (56 KiB)
     (dict(hidden=7168), 301, 2341),
@@ -451,25 +483,33 @@ RMS_NORM_MID_RANGES = [
                               for vals, _, _ in RMS_NORM_MID_RANGES])
 def test_rms_norm_wide_rows_take_mid_between_decode_and_64_mib(values, last_decode,
                                                                first_prefill):
-    """Rows of 14-16 KiB: decode while the grid has at most 32 warps per SM, then `mid` (one
-    16-warp row per block, at least 4 blocks per SM) while the call moves less than
-    MID_MAX_BYTES (64 MiB), then prefill (rms_norm/tuning.py)."""
+    """Rows of 14-16 KiB and plain rows of 8-12 KiB: decode while the grid has at most 32 warps
+    per SM, then `mid` while the call moves less than MID_MAX_BYTES (64 MiB), then prefill
+    (rms_norm/tuning.py). The 14-16 KiB rows' mid is one 16-warp row per block, at least 4
+    blocks per SM; the 8-12 KiB rows' is decode's block with the weight loaded first and x * w
+    formed before the sum; neither has PDL, cache hints or a second read of x."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
     variants = _variants(family, config, arch)
     assert list(variants) == ["decode", "mid", "prefill"]
     mid = variants["mid"]
-    assert mid.block == (512, 1, 1) and mid.pdl == 0
-    assert (mid.constants["min_blocks"], mid.constants["reload_x"],
-            mid.constants["cache_hints"]) == (4, 0, 0)
-    assert 14 << 10 <= config.hidden * (4 if config.dtype == "float32" else 2) <= 16 << 10
+    assert mid.pdl == 0
+    assert (mid.constants["reload_x"], mid.constants["cache_hints"]) == (0, 0)
+    row_bytes = config.hidden * (4 if config.dtype == "float32" else 2)
+    if 14 << 10 <= row_bytes <= 16 << 10:
+        assert mid.block == (512, 1, 1) and mid.constants["min_blocks"] == 4
+    else:
+        assert 8 << 10 <= row_bytes <= 12 << 10 and not config.fused_residual
+        assert mid.block == variants["decode"].block and mid.constants["min_blocks"] == 0
+        assert (mid.constants["weight_first"], mid.constants["scale_before_sum"]) == (1, 1)
+        assert mid.constants["warps_per_row"] == variants["decode"].constants["warps_per_row"]
     per_token = family.bytes_per_token(config)
     assert first_prefill * per_token >= 64 << 20 > (first_prefill - 1) * per_token
     for tokens in (1, 2, 128, last_decode - 1, last_decode):
         assert _variant(family, config, arch, tokens) == "decode", tokens
     for tokens in (last_decode + 1, last_decode + 2, 512, 1000, first_prefill - 1):
-        if tokens < first_prefill:
+        if last_decode < tokens < first_prefill:
             assert _variant(family, config, arch, tokens) == "mid", tokens
     for tokens in (first_prefill, first_prefill + 1, 4096, 20011, MAX_TOKENS):
         assert _variant(family, config, arch, tokens) == "prefill", tokens
@@ -479,14 +519,16 @@ def test_rms_norm_wide_rows_take_mid_between_decode_and_64_mib(values, last_deco
         assert launch.variant == force and launch.grid == (777, 1, 1)
 
 
-@pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=3840), dict(hidden=6144),
+@pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=3840), dict(hidden=3584),
+                                    dict(hidden=6144, fused_residual=True),
+                                    dict(hidden=4096, fused_residual=True),
                                     dict(hidden=6656), dict(hidden=8704), dict(hidden=16384),
                                     dict(hidden=7168, dtype="float32")])
 def test_rms_norm_other_rows_have_no_mid_and_force_it_as_decode(values):
-    """Rows outside 14-16 KiB compile no `mid` (measured to gain nothing at 10-12 KiB; not
-    measured elsewhere; 3840 is 15 warps of one vector): the plan never names it, and forcing
-    it (tests and benchmarks force every plan choice) launches the decode variant it would
-    replace."""
+    """Rows outside 14-16 KiB and plain 8-12 KiB compile no `mid` (not measured there; 3840
+    is 15 warps of one vector; the fused 8-12 KiB rows were not measured with one): the plan
+    never names it, and forcing it (tests and benchmarks force every plan choice) launches the
+    decode variant it would replace."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")

@@ -37,6 +37,10 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
     access_bits = vec * dtype.width  # the family's access width (vec counts input elements)
     reload_x = bool(variant.constants["reload_x"])
     cache_hints = bool(variant.constants["cache_hints"])
+    weight_first = bool(variant.constants["weight_first"])
+    scale_before_sum = bool(variant.constants["scale_before_sum"])
+    if scale_before_sum and reload_x:
+        raise ValueError(f"rms_norm {variant.name}: scale_before_sum needs x kept in registers")
     block = list(variant.block)
     smem_bytes = variant.smem
     pdl = variant.pdl
@@ -89,6 +93,13 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
         row = bidx * rows + row_local
         valid = row < mX.shape[0]
 
+        if const_expr(weight_first):
+            # Issued with x's loads so that the two latencies overlap. Loaded after x, ptxas
+            # places the weight's load once x has arrived (it reuses x's registers), and its
+            # latency follows x's (tuning.py: WEIGHT_FIRST). Rows past the end skip it, as x.
+            tWrW = cute.make_rmem_tensor((vec, per_thread), mW.element_type)
+            tWrW.fill(0)
+            load_row(mW, tWrW, t, valid, False)
         tXrX = cute.make_rmem_tensor((vec, per_thread), dtype)
         tXrX.fill(0)
         load_row(mX[row, None], tXrX, t, valid, False)
@@ -101,9 +112,13 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
             tRrR.store((x + tRrR.load().to(Float32)).to(dtype))
             store_row(tRrR, mRes[row, None], t, valid)
             x = tRrR.load().to(Float32)
-        tWrW = cute.make_rmem_tensor((vec, per_thread), mW.element_type)
-        tWrW.fill(0)
-        load_row(mW, tWrW, t, True, False)
+        if const_expr(not weight_first):
+            tWrW = cute.make_rmem_tensor((vec, per_thread), mW.element_type)
+            tWrW.fill(0)
+            load_row(mW, tWrW, t, True, False)
+        if const_expr(scale_before_sum):
+            # x * w while the row's sum is exchanged; y = (x * w) * rstd below.
+            x_w = x * (tWrW.load().to(Float32) + offset)
 
         ss = butterfly_sum((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), 32)
         if const_expr(warps > 1):
@@ -124,7 +139,10 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
             # H200: 261.4 µs with x kept, 257.0 read twice, 250.5 read twice with the hints.
             load_row(mX[row, None], tXrX, t, valid, True)
             x = tXrX.load().to(Float32)
-        y = x * rstd * (tWrW.load().to(Float32) + offset)
+        if const_expr(scale_before_sum):
+            y = x_w * rstd
+        else:
+            y = x * rstd * (tWrW.load().to(Float32) + offset)
         tOrO = cute.make_rmem_tensor((vec, per_thread), mO.element_type)
         tOrO.store(y.to(mO.element_type))
         store_row(tOrO, mO[row, None], t, valid)

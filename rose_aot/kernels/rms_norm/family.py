@@ -10,9 +10,13 @@ The sum of squares is a warp butterfly, then, for rows spread over several warps
 through shared memory. Vectors are the arch's widest access the row allows (128-bit on sm_90a,
 256-bit on sm_100a). The prefill variant's loads carry torch.compile's cache policy (L1 and L2
 evict_last on a first read, evict_first on its second read of x, from L1): 3-4% faster at 32768
-tokens on the H200. Rows of 14-16 KiB (hidden 7168-8192 in bf16) have a third variant between the
-two, `mid`: the decode block widened to 16 warps and held to 32 registers, so that 4 rows fit an SM
-where the decode variant fits 3 (tuning.py).
+tokens on the H200. Rows of 8-12 KiB and 14-16 KiB (hidden 4096-6144 and 7168-8192 in bf16) have a
+third variant between the two, `mid`: for the plain 8-12 KiB rows, the decode block with the
+weight loaded before x and x * w formed while the row's sum is exchanged; for 14-16 KiB rows the
+decode block widened to 16 warps and held to 32 registers, so that 4 rows fit an SM where the
+decode variant fits 3 (the plain rows' also with the weight loaded first; tuning.py). Loaded after
+x, the weight's load waits for x's (ptxas issues it once x has arrived); some variants load it
+first (tuning.py, WEIGHT_FIRST).
 """
 
 from __future__ import annotations
@@ -120,7 +124,7 @@ class RmsNorm(KernelFamily):
         vectors = c.hidden // vec
 
         def variant(name, warps, per_thread, rows, pdl=0, reload_x=0, cache_hints=0,
-                    min_blocks=0, **rule):
+                    min_blocks=0, weight_first=0, scale_before_sum=0, **rule):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
             constants = {
@@ -134,6 +138,10 @@ class RmsNorm(KernelFamily):
                 "reload_x": reload_x,
                 "cache_hints": cache_hints,
                 "min_blocks": min_blocks,  # > 0: compiled for that many blocks per SM
+                # the weight's load issued before x's, and x * w formed before the row's sum
+                # (tuning.py: WEIGHT_FIRST)
+                "weight_first": weight_first,
+                "scale_before_sum": scale_before_sum,
                 **rule,  # the plan's own thresholds, recorded with the variant they choose
             }
             return Variant(name, (threads, 1, 1), smem, params, constants, pdl=pdl)
@@ -148,16 +156,29 @@ class RmsNorm(KernelFamily):
         # Rows of 1-2 warps share a block of DECODE_BLOCK_WARPS (tuning.py: grids of one- and
         # two-warp blocks are bound by the rate the SMs take blocks in).
         rows = max(1, tuning.DECODE_BLOCK_WARPS // warps)
+        # The weight's load issued with x's where it was measured to pay (tuning.py,
+        # WEIGHT_FIRST): decode of rows of one warp with two vectors per thread.
         decode = variant("decode", warps, per_thread, rows,
-                         pdl=PDL_MAX_THREADS if warps >= 4 else 0)
+                         pdl=PDL_MAX_THREADS if warps >= 4 else 0,
+                         weight_first=int(warps == 1 and per_thread >= 2))
+        row_bytes = c.hidden * DTYPES[c.dtype].bits // 8
         low, high = tuning.MID_ROW_BYTES
         mid = None
-        if low <= c.hidden * DTYPES[c.dtype].bits // 8 <= high:
+        if low <= row_bytes <= high:
             # Between decode and prefill for rows of 14-16 KiB (tuning.py): 16 warps, at most
             # 32 registers so that 4 blocks fit an SM, no PDL (its launches exceed
             # PDL_MAX_THREADS), no hints, x kept in registers.
             mid = variant("mid", tuning.MID_WARPS, -(-vectors // (32 * tuning.MID_WARPS)), 1,
-                          min_blocks=tuning.MID_MIN_BLOCKS, mid_max_bytes=tuning.MID_MAX_BYTES)
+                          min_blocks=tuning.MID_MIN_BLOCKS, mid_max_bytes=tuning.MID_MAX_BYTES,
+                          weight_first=int(not c.fused_residual),
+                          scale_before_sum=int(not c.fused_residual))
+        elif (not c.fused_residual
+              and tuning.MID_BLOCK_ROW_BYTES[0] <= row_bytes <= tuning.MID_BLOCK_ROW_BYTES[1]):
+            # Plain rows of 8-12 KiB (tuning.py): decode's block with the weight loaded first
+            # and x * w formed before the row's sum, without PDL (its launches exceed
+            # PDL_MAX_THREADS).
+            mid = variant("mid", warps, per_thread, rows, mid_max_bytes=tuning.MID_MAX_BYTES,
+                          weight_first=1, scale_before_sum=1)
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
         # Prefill loads with cache hints and reads x a second time after the row's sum (from
@@ -168,6 +189,7 @@ class RmsNorm(KernelFamily):
         prefill = variant(
             "prefill", warps, per_thread, max(1, block_warps // warps),
             reload_x=int(not c.fused_residual), cache_hints=1,
+            weight_first=int(per_thread >= 2),  # tuning.py, WEIGHT_FIRST
         )
         return (decode, prefill) if mid is None else (decode, mid, prefill)
 
@@ -183,19 +205,21 @@ class RmsNorm(KernelFamily):
         # hints, which pay only on very large calls.
         hinted_decode = variants["prefill"].constants["rows_per_block"] == decode["rows_per_block"]
         moved = tokens * self.bytes_per_token(c)
+        grid_decode = tokens * row_warps <= sm_count * decode["decode_warps_per_sm"]
         use_decode = (  # measured rule, see tuning.py
             (row_warps <= decode["decode_row_warps"]
              and not (hinted_decode and moved >= decode["prefill_min_bytes"]))
-            or tokens * row_warps <= sm_count * decode["decode_warps_per_sm"]
+            or grid_decode
         )
         if force is not None:
-            # `mid` exists for rows of 14-16 KiB only; forced elsewhere it is the decode
+            # `mid` exists for some rows only (tuning.py); forced elsewhere it is the decode
             # variant, the variant it would replace
             name = force if force in variants else "decode"
+        elif ("mid" in variants and not grid_decode
+              and moved < variants["mid"].constants["mid_max_bytes"]):
+            name = "mid"
         elif use_decode:
             name = "decode"
-        elif "mid" in variants and moved < variants["mid"].constants["mid_max_bytes"]:
-            name = "mid"
         else:
             name = "prefill"
         return row_plan(variants, tokens, name)

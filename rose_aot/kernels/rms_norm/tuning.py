@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES",
            "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES",
-           "DECODE_BLOCK_WARPS"]
+           "DECODE_BLOCK_WARPS", "MID_BLOCK_ROW_BYTES"]
 
 # Warps per block of the prefill variant: 4 and 8 tie (1616.0 vs 1616.1 µs summed over the six
 # shapes at 8192 and 32768 tokens); 16 and 32 are slower.
@@ -98,9 +98,10 @@ DECODE_BLOCK_WARPS = 4
 # the plan before, alternating in one process: 1.7-8.2% less time at 512-1024 tokens of
 # 7168-8192 (plain 8192 x 1024: 7.22 -> 7.02; fused 7168 x 512: 5.85 -> 5.37), 7168 x 2048
 # level (16.42 -> 16.51). Rows of 10-12 KiB (hidden 5120-6144) gained nothing from 16 warps
-# and 32 registers (6144 x 512: 3.73 vs decode 3.70); other rows were not measured: none of
-# them has the variant.
-MID_ROW_BYTES = (14 << 10, 16 << 10)  # the rows (input bytes) whose points have `mid`
+# and 32 registers (6144 x 512: 3.73 vs decode 3.70); their plain rows have a mid of another
+# shape (MID_BLOCK_ROW_BYTES below). The plain 14-16 KiB mid loads the weight first and forms
+# x * w before the sum (WEIGHT_FIRST below).
+MID_ROW_BYTES = (14 << 10, 16 << 10)  # the rows (input bytes) whose points have this `mid`
 MID_WARPS = 16
 MID_MIN_BLOCKS = 4
 MID_MAX_BYTES = 64 << 20
@@ -109,3 +110,42 @@ MID_MAX_BYTES = 64 << 20
 def prefill_warps(arch: str, override: int = 0) -> int:
     """The config's explicit choice, else the measured one for the arch, else sm_90a's."""
     return override or PREFILL_WARPS.get(arch, PREFILL_WARPS["sm_90a"])
+
+# WEIGHT_FIRST: where the weight's load is issued before x's (the variant constant weight_first)
+# and x * w formed before the row's sum (scale_before_sum). Loaded after x, as the variants were
+# first written, ptxas issues the weight's load once x has arrived (it gives the weight x's
+# registers), so its latency (an L2 hit at best) follows x's instead of overlapping it, and the
+# row's sum hides only part of it. Measured on one H200, 2026-12-02, every variant's plan against
+# main's in one process (`python benchmarks/ab_norms.py main=BUNDLE new=BUNDLE ... --hidden
+# 128,256,512,1024,2048,4096,5120,6144,7168,8192 --tokens 1,16,128,512,1024,4096 --fused 0,1
+# --rounds 2`, and 16384 / 65536 tokens with prefill forced;
+# benchmarks/results/norm-weight-first-experiment-h200.md):
+# - decode of rows of one warp with two vectors per thread (hidden 512 in bf16: no exchange
+#   between warps to hide the weight behind): 5-10% less time at 16-4096 tokens (plain 512 x 16
+#   1.41 -> 1.29 µs, x 1024 1.80 -> 1.68, x 4096 2.80 -> 2.52; fused 512 x 128 1.62 -> 1.45).
+#   Rows of one vector per thread (hidden 128-256) gained 5-10% fused at 16-1024 tokens but lost
+#   5-7% elsewhere (plain 256 x 4096 1.97 -> 2.08, fused 256 x 16384 5.79 -> 6.18), and the
+#   decode of rows of 2-16 warps gained nothing at 1-128 tokens or lost up to 6% (fused 1024 x 1
+#   1.34 -> 1.42): those load it after x.
+# - prefill, two vectors per thread (hidden >= 512 in bf16): 1-5% at 4096-16384 tokens (plain
+#   2048 x 4096 6.71 -> 6.35, 512 x 16384 6.59 -> 6.32, 1024 x 16384 17.39 -> 16.72), within
+#   0.5% from 64 MiB; the plain prefill of rows of 8-12 warps became faster than their decode
+#   from 768 tokens (4096 x 1024: 3.95 against 4.37), which `mid` below now covers.
+# - mid: see MID_BLOCK_ROW_BYTES; the 14-16 KiB rows' plain mid, with both, 3-9% at 512-1024
+#   tokens (8192 x 512 4.28 -> 4.02, 8192 x 1024 7.04 -> 6.60, 7168 x 1024 6.35 -> 5.95). With
+#   the fused residual the 14-16 KiB mid was 9% slower with both at 8192 x 512 in one build and
+#   3% faster in another, so it loads the weight after x.
+
+# Plain rows of 8-12 KiB (hidden 4096-6144 in bf16: 8-12 warps of 2 vectors) have a `mid` of
+# their own, used between the grid rule (DECODE_WARPS_PER_SM) and MID_MAX_BYTES, as the 14-16 KiB
+# rows' `mid`: the decode block with the weight loaded first and x * w formed before the row's
+# sum (32 registers where decode takes 40-42), without PDL. Forced against the plan before (decode
+# to 32 MiB, then prefill), one H200, 2026-12-02 (`python benchmarks/ab_norms.py main=BUNDLE
+# new=BUNDLE m8=BUNDLE --hidden 4096,5120,6144 --tokens 256,384,512,768,1024,1280,1536,2048
+# --fused 0 --force decode,mid,prefill`): 1-14% less time from the grid rule's switch on (4096
+# x 1024 4.35 -> 3.87 µs, 5120 x 1280 5.92 -> 5.11, 6144 x 1024 5.73 -> 4.99, 6144 x 512 3.51 ->
+# 3.37; torch.compile 4.44, 6.80, 5.65, 3.44), still 2-3.5% at 32-48 MiB (6144 x 2048 12.83 ->
+# 12.38); level with decode at the switch (6144 x 384 3.02 vs 3.03). The same code as the decode
+# variant lost 2-8% at 16-128 tokens (one block per SM or fewer), so decode keeps its own. With
+# the fused residual, not measured: those rows have no mid.
+MID_BLOCK_ROW_BYTES = (8 << 10, 12 << 10)
