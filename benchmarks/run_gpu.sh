@@ -68,7 +68,8 @@ for step in "$@"; do
         norms) python3 benchmarks/bench_norms.py build/bench-norms.rosebundle 2>&1 \
                    | tee "$OUT/bench-norms.log" ;;
         norms_wide) python3 benchmarks/bench_norms.py build/bench-norms-wide.rosebundle \
-                        --family rms_norm --hidden 5120,6144,7168,8192 --name wide 2>&1 \
+                        --family rms_norm --hidden 5120,6144,7168,8192 \
+                        --tokens 1,16,128,512,1024,2048,8192,32768 --name wide 2>&1 \
                         | tee "$OUT/bench-norms-wide.log" ;;
         moe) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle 2>&1 | tee "$OUT/bench-moe.log" ;;
         moe_sweep) python3 benchmarks/bench_moe.py build/bench-moe.rosebundle --combine-sweep \

@@ -107,10 +107,6 @@ MID_MIN_BLOCKS = 4
 MID_MAX_BYTES = 64 << 20
 
 
-def prefill_warps(arch: str, override: int = 0) -> int:
-    """The config's explicit choice, else the measured one for the arch, else sm_90a's."""
-    return override or PREFILL_WARPS.get(arch, PREFILL_WARPS["sm_90a"])
-
 # WEIGHT_FIRST: where the weight's load is issued before x's (the variant constant weight_first)
 # and x * w formed before the row's sum (scale_before_sum). Loaded after x, as the variants were
 # first written, ptxas issues the weight's load once x has arrived (it gives the weight x's
@@ -143,9 +139,14 @@ def prefill_warps(arch: str, override: int = 0) -> int:
 # to 32 MiB, then prefill), one H200, 2026-12-02 (`python benchmarks/ab_norms.py main=BUNDLE
 # new=BUNDLE m8=BUNDLE --hidden 4096,5120,6144 --tokens 256,384,512,768,1024,1280,1536,2048
 # --fused 0 --force decode,mid,prefill`): 1-14% less time from the grid rule's switch on (4096
-# x 1024 4.35 -> 3.87 µs, 5120 x 1280 5.92 -> 5.11, 6144 x 1024 5.73 -> 4.99, 6144 x 512 3.51 ->
+# x 1024 4.35 -> 3.87 µs, 5120 x 1280 5.92 -> 5.11, 6144 x 1024 5.72 -> 4.99, 6144 x 512 3.50 ->
 # 3.37; torch.compile 4.44, 6.80, 5.65, 3.44), still 2-3.5% at 32-48 MiB (6144 x 2048 12.83 ->
 # 12.38); level with decode at the switch (6144 x 384 3.02 vs 3.03). The same code as the decode
 # variant lost 2-8% at 16-128 tokens (one block per SM or fewer), so decode keeps its own. With
 # the fused residual, not measured: those rows have no mid.
 MID_BLOCK_ROW_BYTES = (8 << 10, 12 << 10)
+
+
+def prefill_warps(arch: str, override: int = 0) -> int:
+    """The config's explicit choice, else the measured one for the arch, else sm_90a's."""
+    return override or PREFILL_WARPS.get(arch, PREFILL_WARPS["sm_90a"])
