@@ -411,10 +411,10 @@ def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, r
 
 
 @pytest.mark.parametrize("values, decode_first, prefill_first, mid", [
-    ({"hidden": 128}, 0, 0, None),  # one vector per thread (half a warp)
+    ({"hidden": 128}, 0, 0, None),  # 256-byte rows (half a warp on sm_90a)
     ({"hidden": 256}, 0, 0, None),
     ({"hidden": 256, "fused_residual": True}, 0, 0, None),
-    ({"hidden": 512}, 1, 1, None),  # one warp of two vectors per thread
+    ({"hidden": 512}, 1, 1, None),  # 1 KiB rows: one warp
     ({"hidden": 512, "fused_residual": True}, 1, 1, None),
     ({"hidden": 512, "dtype": "float32"}, 0, 1, None),  # 2 KiB rows of fp32: two warps
     ({"hidden": 1024}, 0, 1, None),
@@ -426,16 +426,18 @@ def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, r
 ])
 def test_rms_norm_variants_that_load_the_weight_first(values, decode_first, prefill_first, mid):
     """Where the weight's load is issued with x's (rms_norm/tuning.py, WEIGHT_FIRST): the decode
-    variant of rows of one warp of two vectors per thread, the prefill variant of rows of two
-    vectors per thread, and the plain `mid`, which also forms x * w before the row's sum; the
+    variant of rows of one warp of at least 1 KiB (WEIGHT_FIRST_ROW_BYTES), the prefill variant
+    of rows of at least 1 KiB, and the plain `mid`, which also forms x * w before the row's sum; the
     fused `mid` and every other variant load it after x, as before."""
     family = get_family("rms_norm")
-    variants = _variants(family, family.make_config(**values), get_arch("sm_90a"))
-    first = {name: (v.constants["weight_first"], v.constants["scale_before_sum"])
-             for name, v in variants.items()}
-    assert first["decode"] == (decode_first, 0)
-    assert first["prefill"] == (prefill_first, 0)
-    assert first.get("mid") == mid
+    config = family.make_config(**values)
+    for arch in ("sm_90a", "sm_100a"):  # 16- and 32-byte vectors: the rule counts the row's bytes
+        variants = _variants(family, config, get_arch(arch))
+        first = {name: (v.constants["weight_first"], v.constants["scale_before_sum"])
+                 for name, v in variants.items()}
+        assert first["decode"] == (decode_first, 0), arch
+        assert first["prefill"] == (prefill_first, 0), arch
+        assert first.get("mid") == mid, arch
 
 
 def test_rms_norm_records_of_one_row_decode_blocks_still_plan_decode_throughout():
@@ -517,6 +519,24 @@ def test_rms_norm_wide_rows_take_mid_between_decode_and_64_mib(values, last_deco
     for force in family.plan_choices:
         (launch,) = _plan(family, config, arch, {"tokens": 777}, force)
         assert launch.variant == force and launch.grid == (777, 1, 1)
+
+
+@pytest.mark.parametrize("values, switch", [(dict(hidden=4096), 2048), (dict(hidden=6144), 1366)])
+def test_rms_norm_records_without_the_8_to_12_kib_mid_plan_as_built(values, switch):
+    """A bundle built before the plain rows of 8-12 KiB had `mid` (its records hold decode and
+    prefill only) is planned as then: decode below 32 MiB moved per call, prefill from there,
+    never a variant it lacks."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    arch = get_arch("sm_90a")
+    variants = _variants(family, config, arch)
+    built_before = {name: v for name, v in variants.items() if name != "mid"}
+    for tokens in (1, 353, 529, 1024, switch - 1, switch, 4096, 20011):
+        (launch,) = family.plan(config, built_before, {"tokens": tokens}, arch.sm_count)
+        assert launch.variant == ("decode" if tokens < switch else "prefill"), tokens
+    # the same records with mid take it from the grid rule's switch (RMS_NORM_MID_RANGES)
+    (launch,) = family.plan(config, variants, {"tokens": 1024}, arch.sm_count)
+    assert launch.variant == "mid"
 
 
 @pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=3840), dict(hidden=3584),

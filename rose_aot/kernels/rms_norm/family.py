@@ -156,12 +156,13 @@ class RmsNorm(KernelFamily):
         # Rows of 1-2 warps share a block of DECODE_BLOCK_WARPS (tuning.py: grids of one- and
         # two-warp blocks are bound by the rate the SMs take blocks in).
         rows = max(1, tuning.DECODE_BLOCK_WARPS // warps)
+        row_bytes = c.hidden * DTYPES[c.dtype].bits // 8
         # The weight's load issued with x's where it was measured to pay (tuning.py,
-        # WEIGHT_FIRST): decode of rows of one warp with two vectors per thread.
+        # WEIGHT_FIRST): decode of rows of one warp, of at least WEIGHT_FIRST_ROW_BYTES.
+        long_row = row_bytes >= tuning.WEIGHT_FIRST_ROW_BYTES
         decode = variant("decode", warps, per_thread, rows,
                          pdl=PDL_MAX_THREADS if warps >= 4 else 0,
-                         weight_first=int(warps == 1 and per_thread >= 2))
-        row_bytes = c.hidden * DTYPES[c.dtype].bits // 8
+                         weight_first=int(warps == 1 and long_row))
         low, high = tuning.MID_ROW_BYTES
         mid = None
         if low <= row_bytes <= high:
@@ -189,7 +190,7 @@ class RmsNorm(KernelFamily):
         prefill = variant(
             "prefill", warps, per_thread, max(1, block_warps // warps),
             reload_x=int(not c.fused_residual), cache_hints=1,
-            weight_first=int(per_thread >= 2),  # tuning.py, WEIGHT_FIRST
+            weight_first=int(long_row),  # tuning.py, WEIGHT_FIRST
         )
         return (decode, prefill) if mid is None else (decode, mid, prefill)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES",
            "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES",
-           "DECODE_BLOCK_WARPS", "MID_BLOCK_ROW_BYTES"]
+           "DECODE_BLOCK_WARPS", "MID_BLOCK_ROW_BYTES", "WEIGHT_FIRST_ROW_BYTES"]
 
 # Warps per block of the prefill variant: 4 and 8 tie (1616.0 vs 1616.1 µs summed over the six
 # shapes at 8192 and 32768 tokens); 16 and 32 are slower.
@@ -116,14 +116,15 @@ MID_MAX_BYTES = 64 << 20
 # 128,256,512,1024,2048,4096,5120,6144,7168,8192 --tokens 1,16,128,512,1024,4096 --fused 0,1
 # --rounds 2`, and 16384 / 65536 tokens with prefill forced;
 # benchmarks/results/norm-weight-first-experiment-h200.md):
-# - decode of rows of one warp with two vectors per thread (hidden 512 in bf16: no exchange
-#   between warps to hide the weight behind): 5-10% less time at 16-4096 tokens (plain 512 x 16
-#   1.41 -> 1.29 µs, x 1024 1.80 -> 1.68, x 4096 2.80 -> 2.52; fused 512 x 128 1.62 -> 1.45).
-#   Rows of one vector per thread (hidden 128-256) gained 5-10% fused at 16-1024 tokens but lost
+# - decode of rows of one warp of WEIGHT_FIRST_ROW_BYTES (1 KiB: hidden 512 in bf16, two 16-byte
+#   vectors per thread on sm_90a; no exchange between warps to hide the weight behind): 5-10%
+#   less time at 16-4096 tokens (plain 512 x 16 1.41 -> 1.29 µs, x 1024 1.80 -> 1.68, x 4096
+#   2.80 -> 2.52; fused 512 x 128 1.62 -> 1.45).
+#   Rows of 256-512 bytes (hidden 128-256) gained 5-10% fused at 16-1024 tokens but lost
 #   5-7% elsewhere (plain 256 x 4096 1.97 -> 2.08, fused 256 x 16384 5.79 -> 6.18), and the
 #   decode of rows of 2-16 warps gained nothing at 1-128 tokens or lost up to 6% (fused 1024 x 1
 #   1.34 -> 1.42): those load it after x.
-# - prefill, two vectors per thread (hidden >= 512 in bf16): 1-5% at 4096-16384 tokens (plain
+# - prefill, rows of at least 1 KiB (hidden >= 512 in bf16): 1-5% at 4096-16384 tokens (plain
 #   2048 x 4096 6.71 -> 6.35, 512 x 16384 6.59 -> 6.32, 1024 x 16384 17.39 -> 16.72), within
 #   0.5% from 64 MiB; the plain prefill of rows of 8-12 warps became faster than their decode
 #   from 768 tokens (4096 x 1024: 3.95 against 4.37), which `mid` below now covers.
@@ -131,6 +132,8 @@ MID_MAX_BYTES = 64 << 20
 #   tokens (8192 x 512 4.28 -> 4.02, 8192 x 1024 7.04 -> 6.60, 7168 x 1024 6.35 -> 5.95). With
 #   the fused residual the 14-16 KiB mid was 9% slower with both at 8192 x 512 in one build and
 #   3% faster in another, so it loads the weight after x.
+# Archs without a measurement of their own (sm_100a: 32-byte vectors) follow the same row bytes.
+WEIGHT_FIRST_ROW_BYTES = 1 << 10
 
 # Plain rows of 8-12 KiB (hidden 4096-6144 in bf16: 8-12 warps of 2 vectors) have a `mid` of
 # their own, used between the grid rule (DECODE_WARPS_PER_SM) and MID_MAX_BYTES, as the 14-16 KiB
