@@ -337,7 +337,7 @@ def test_rms_norm_weight_first_variants_issue_every_load_before_the_sum(tmp_path
     """The variants that load the weight first (rms_norm/tuning.py, WEIGHT_FIRST) issue the
     weight's loads with x's, before the row's sum (its first shuffle), in the compiled SASS.
     Loaded after x in the source, ptxas issued them once x had arrived: after the sum for 512's
-    decode, 4096's prefill and 8192's mid, so each of these counted 2 loads here."""
+    decode, 4096's prefill and 8192's mid, so these counted 2 loads here (4 of 6 fused)."""
     pytest.importorskip("cutlass")
     sass = _load_sass_count()
     if sass.find_nvdisasm() is None:

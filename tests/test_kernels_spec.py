@@ -250,7 +250,7 @@ def test_make_config_rejects_with_the_field_named(family_name, values, field):
 # ------------------------------------------------------------------------------ launch plans
 
 PLAN_CONFIGS = [
-    # decode and prefill only (plain rows of 8-16 KiB have `mid`: RMS_NORM_MID_RANGES below)
+    # decode and prefill only (plain rows of 8-12 and 14-16 KiB have `mid`: RMS_NORM_MID_RANGES)
     ("rms_norm", dict(hidden=4096, fused_residual=True)),
     ("rms_norm", dict(hidden=2048)),
     ("rms_norm", dict(hidden=3840, weight_offset=1.0, fused_residual=True)),  # predicated tail
@@ -427,8 +427,8 @@ def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, r
 def test_rms_norm_variants_that_load_the_weight_first(values, decode_first, prefill_first, mid):
     """Where the weight's load is issued with x's (rms_norm/tuning.py, WEIGHT_FIRST): the decode
     variant of rows of one warp of at least 1 KiB (WEIGHT_FIRST_ROW_BYTES), the prefill variant
-    of rows of at least 1 KiB, and the plain `mid`, which also forms x * w before the row's sum; the
-    fused `mid` and every other variant load it after x, as before."""
+    of rows of at least 1 KiB, and the plain `mid`, which also forms x * w before the row's sum;
+    the fused `mid` and every other variant load it after x, as before."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     for arch in ("sm_90a", "sm_100a"):  # 16- and 32-byte vectors: the rule counts the row's bytes
