@@ -98,6 +98,37 @@ def test_readme_tables_are_the_committed_results(family):
                          f"table: {missing[:2]}")
 
 
+def test_norm_tables_are_the_committed_results(tmp_path, capsys):
+    """docs/results-norms.md's two current tables are the committed runs: the wide table is what
+    bench_norms.py's `report` writes from norms-wide-h200.json (and the committed md is that
+    output), and every row of the main table is norms-h200.json's, in the page's columns. A figure
+    changed by hand, or a table left from an earlier run when the JSON was replaced, fails."""
+    bench_norms = _load_benchmark("bench_norms")
+    results = os.path.join(ROOT, "benchmarks", "results")
+    with open(os.path.join(ROOT, "docs", "results-norms.md")) as f:
+        page = f.read()
+    with open(os.path.join(results, "norms-wide-h200.json")) as f:
+        wide = json.load(f)
+    bench_norms.report(wide["rows"], wide["copy_tbs"], wide["environment"], str(tmp_path), "-wide")
+    capsys.readouterr()
+    written = (tmp_path / "norms-wide.md").read_text()
+    with open(os.path.join(results, "norms-wide-h200.md")) as f:
+        assert f.read() == written
+    rows = [line for line in written.splitlines() if line.startswith("| rms_norm")]
+    assert len(rows) == len(wide["rows"]) and all(row in page for row in rows)
+    with open(os.path.join(results, "norms-h200.json")) as f:
+        main = json.load(f)
+    for r in main["rows"]:
+        us = r["us"]
+        ours = us["rose_aot"]
+        tbs = r["bytes"] / (ours * 1e-6) / 1e12
+        liger = us.get("liger", us.get("liger_per_head"))
+        row = (f"| {r['family']} | {r['shape']} | {r['tokens']} | {ours:.2f} | {tbs:.2f} | "
+               f"{100 * tbs / main['copy_tbs']:.0f}% | {us['torch_compile']:.2f} | {liger:.2f} | "
+               f"{us['torch_eager']:.1f} |")
+        assert row in page, row
+
+
 @pytest.mark.parametrize("content, message", [
     ("[1, 2]", "not a bench_act_quant.py result"),
     ('{"rows": [], "copy_tbs": 4}', "no benchmark rows"),
