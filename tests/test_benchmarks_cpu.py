@@ -103,7 +103,7 @@ def test_norm_tables_are_the_committed_results(tmp_path, capsys):
     bench_norms.py's `report` writes from norms-wide-h200.json (and the committed md is that
     output), and every row of the main table is norms-h200.json's, in the page's columns. A figure
     changed by hand, or a table left from an earlier run when the JSON was replaced, fails."""
-    bench_norms = _load_benchmark("bench_norms")
+    bench_norms = _load_benchmark_importing_common("bench_norms")
     results = os.path.join(ROOT, "benchmarks", "results")
     with open(os.path.join(ROOT, "docs", "results-norms.md")) as f:
         page = f.read()
@@ -297,6 +297,20 @@ def _load_benchmark(name: str):
 
 def _load_sass_count():
     return _load_benchmark("sass_count")
+
+
+def _load_benchmark_importing_common(name: str):
+    """A benchmark script that puts benchmarks/ on sys.path and imports `common`: loaded with
+    its own `common`, then sys.path and sys.modules["common"] restored, so that neither this
+    script sees another suite's `common` nor later tests (tests/multigpu's) see benchmarks'."""
+    saved_path, saved = sys.path[:], sys.modules.pop("common", None)
+    try:
+        return _load_benchmark(name)
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.pop("common", None)
+        if saved is not None:
+            sys.modules["common"] = saved
 
 
 def test_sass_main_path_ends_at_the_last_unconditional_exit():
