@@ -113,6 +113,8 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
             store_row(tRrR, mRes[row, None], t, valid)
             x = tRrR.load().to(Float32)
         if const_expr(not weight_first):
+            # Where it was (after x and the residual's store): a move changes ptxas's schedule
+            # of these variants, measured slower for them (tuning.py: WEIGHT_FIRST).
             tWrW = cute.make_rmem_tensor((vec, per_thread), mW.element_type)
             tWrW.fill(0)
             load_row(mW, tWrW, t, True, False)
