@@ -212,6 +212,8 @@ def test_rms_norm_prefill_loads_carry_the_cache_policy(hidden, fused, arch):
     variants = {v.name: v for v in get_family("rms_norm").variants(config, get_arch(arch))}
     with_mid = hidden == 8192 or not fused
     names = {"decode", "mid", "prefill"} if with_mid else {"decode", "prefill"}
+    if hidden == 4096:  # rows under 13 KiB (rms_norm/tuning.py, LATE_TRIGGER_ROW_BYTES)
+        names.add("decode_late")
     assert set(variants) == set(compiled.artifacts) == names
     bits = 256 if arch == "sm_100a" else 128
     for name, (ptx, _cubin) in compiled.artifacts.items():
@@ -241,6 +243,43 @@ def test_rms_norm_prefill_loads_carry_the_cache_policy(hidden, fused, arch):
             assert (len(first), len(last), len(plain)) == (0, 0, reads), where
             assert "createpolicy" not in ptx, where
         assert not re.search(r"\.local\b", ptx), f"{where}: local memory"
+
+
+@pytest.mark.parametrize("family_name,values,early,late", [
+    ("rms_norm", (("hidden", 4096), ("dtype", "bfloat16"), ("fused_residual", False)),
+     {"decode"}, {"decode_late"}),
+    ("rms_norm", (("hidden", 8192), ("dtype", "bfloat16"), ("fused_residual", True)),
+     set(), {"decode"}),
+    ("moe_combine", (("top_k", 8), ("hidden", 7168)),
+     {"decode", "split", "split_wide", "split_block"}, {"split_block_late"}),
+], ids=["rms_norm-4096", "rms_norm-8192-fused", "moe_combine"])
+def test_pdl_variants_trigger_the_next_kernel_early_or_after_their_stores(family_name, values,
+                                                                          early, late):
+    """In the PTX, a variant with PDL waits for the previous grid before its first global load;
+    the early ones let the next kernel launch before that wait, the late ones (rms_norm's
+    decode_late and the decode of rows of 13 KiB and more, moe_combine's split_block_late) after
+    their last global store; the others (prefill, mid) carry no griddepcontrol instruction. The
+    records say the same (pdl_late)."""
+    config, compiled = _compiled(family_name, values, "sm_90a")
+    variants = {v.name: v for v in get_family(family_name).variants(config, get_arch("sm_90a"))}
+    for name, (ptx, _cubin) in compiled.artifacts.items():
+        lines = ptx.splitlines()
+
+        def at(text):
+            return [i for i, line in enumerate(lines) if text in line]
+
+        triggers, waits = at("griddepcontrol.launch_dependents"), at("griddepcontrol.wait")
+        v = variants[name]
+        assert v.constants.get("pdl_late", 0) == int(name in late), name
+        if name not in early | late:
+            assert not triggers and not waits and v.pdl == 0, name
+            continue
+        (trigger,), (wait,) = triggers, waits
+        assert v.pdl > 0 and wait < min(at("ld.global")), name
+        if name in early:
+            assert trigger < wait, name
+        else:
+            assert max(at("st.global")) < trigger, name
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)

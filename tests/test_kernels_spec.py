@@ -25,6 +25,7 @@ from rose_aot.kernels import FAMILIES, config_digest, config_json, get_family, p
 from rose_aot.manifest import load_manifests
 from rose_aot.kernels.spec import (
     DTYPES,
+    PDL_MAX_THREADS,
     Dim,
     Launch,
     ParamField,
@@ -283,8 +284,10 @@ def _plan(family, config, arch, sizes, force=None):
 
 
 def _variant(family, config, arch, tokens) -> str:
+    """The variant planned at `tokens`; rms_norm's decode_late (decode's block with the late
+    PDL trigger, a stage of the decode range: test_rms_norm_decode_late_*) counts as decode."""
     (launch,) = _plan(family, config, arch, {"tokens": tokens})
-    return launch.variant
+    return "decode" if launch.variant == "decode_late" else launch.variant
 
 
 def _switch_point(family, config, arch) -> int | None:
@@ -324,7 +327,8 @@ def test_plan_switches_once_from_decode_to_prefill(family_name, values, arch_nam
     family = get_family(family_name)
     config = family.make_config(**values)
     arch = get_arch(arch_name)
-    assert {v.name for v in family.variants(config, arch)} == {"decode", "prefill"}
+    assert {v.name for v in family.variants(config, arch)} - {"decode_late"} == {"decode",
+                                                                               "prefill"}
     switch = _switch_point(family, config, arch)
     # More SMs on the target never end the decode range earlier.
     previous = 1
@@ -494,11 +498,13 @@ def test_rms_norm_wide_rows_take_mid_between_decode_and_64_mib(values, last_deco
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
     variants = _variants(family, config, arch)
-    assert list(variants) == ["decode", "mid", "prefill"]
+    row_bytes = config.hidden * (4 if config.dtype == "float32" else 2)
+    # rows under 13 KiB also have decode_late (test_rms_norm_decode_late_*)
+    assert list(variants) == (["decode", "mid", "prefill"] if row_bytes >= 13 << 10
+                              else ["decode", "decode_late", "mid", "prefill"])
     mid = variants["mid"]
     assert mid.pdl == 0
     assert (mid.constants["reload_x"], mid.constants["cache_hints"]) == (0, 0)
-    row_bytes = config.hidden * (4 if config.dtype == "float32" else 2)
     if 14 << 10 <= row_bytes <= 16 << 10:
         assert mid.block == (512, 1, 1) and mid.constants["min_blocks"] == 4
     else:
@@ -515,10 +521,12 @@ def test_rms_norm_wide_rows_take_mid_between_decode_and_64_mib(values, last_deco
             assert _variant(family, config, arch, tokens) == "mid", tokens
     for tokens in (first_prefill, first_prefill + 1, 4096, 20011, MAX_TOKENS):
         assert _variant(family, config, arch, tokens) == "prefill", tokens
-    # Forced, each variant launches itself, one row per block.
+    # Forced, each variant launches itself, one row per block (a variant the point lacks,
+    # decode_late of the 14-16 KiB rows, the decode variant).
     for force in family.plan_choices:
         (launch,) = _plan(family, config, arch, {"tokens": 777}, force)
-        assert launch.variant == force and launch.grid == (777, 1, 1)
+        assert launch.variant == (force if force in variants else "decode")
+        assert launch.grid == (777, 1, 1)
 
 
 @pytest.mark.parametrize("values, switch", [(dict(hidden=4096), 2048), (dict(hidden=6144), 1366)])
@@ -530,13 +538,92 @@ def test_rms_norm_records_without_the_8_to_12_kib_mid_plan_as_built(values, swit
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
     variants = _variants(family, config, arch)
-    built_before = {name: v for name, v in variants.items() if name != "mid"}
+    built_before = {name: v for name, v in variants.items() if name in ("decode", "prefill")}
     for tokens in (1, 353, 529, 1024, switch - 1, switch, 4096, 20011):
         (launch,) = family.plan(config, built_before, {"tokens": tokens}, arch.sm_count)
         assert launch.variant == ("decode" if tokens < switch else "prefill"), tokens
     # the same records with mid take it from the grid rule's switch (RMS_NORM_MID_RANGES)
     (launch,) = family.plan(config, variants, {"tokens": 1024}, arch.sm_count)
     assert launch.variant == "mid"
+
+
+# (config values, whether its rows trigger late at every size: rows of at least 13 KiB)
+RMS_NORM_LATE_PDL = [
+    (dict(hidden=2048), False),  # 4 warps, 4 KiB: the narrowest rows with PDL
+    (dict(hidden=3584), False),  # 7 warps
+    (dict(hidden=4096, fused_residual=True), False),
+    (dict(hidden=6144), False),  # 12 warps, 12 KiB
+    (dict(hidden=7168), True),  # 14 warps, 14 KiB
+    (dict(hidden=8192, fused_residual=True), True),
+    (dict(hidden=4096, dtype="float32"), True),  # 16 warps, 16 KiB
+]
+
+
+@pytest.mark.parametrize("values, late_only", RMS_NORM_LATE_PDL)
+def test_rms_norm_decode_launches_past_2048_threads_trigger_the_next_kernel_late(values,
+                                                                                late_only):
+    """Decode launches of rows of 4+ warps use PDL (rms_norm/tuning.py,
+    DECODE_LATE_PDL_MAX_THREADS): up to PDL_MAX_THREADS (2048) threads `decode`, which lets
+    the next kernel launch at its top; past that, to 65536 threads, `decode_late`, the same
+    block and constants with the next kernel launched after the stores; beyond, decode without
+    the attribute. Rows of 13 KiB and more have no decode_late: their decode triggers late at
+    every size."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    arch = get_arch("sm_90a")
+    variants = _variants(family, config, arch)
+    decode = variants["decode"]
+    if late_only:
+        assert "decode_late" not in variants
+        assert decode.pdl == 65536 and decode.constants["pdl_late"] == 1
+    else:
+        late = variants["decode_late"]
+        assert decode.pdl == PDL_MAX_THREADS and "pdl_late" not in decode.constants
+        assert late.pdl == 65536 and late.constants == {**decode.constants, "pdl_late": 1}
+        assert (late.block, late.smem, late.params) == (decode.block, decode.smem, decode.params)
+    assert variants["prefill"].pdl == 0 and "pdl_late" not in variants["prefill"].constants
+    rows, block = decode.constants["rows_per_block"], decode.block[0]
+    stages = []
+    for tokens in range(1, 1200):
+        (launch,) = _plan(family, config, arch, {"tokens": tokens})
+        if launch.variant not in ("decode", "decode_late"):
+            continue  # past the decode range (mid, prefill: the tests above)
+        threads = -(-tokens // rows) * block
+        late_stage = not late_only and PDL_MAX_THREADS < threads <= 65536
+        assert launch.variant == ("decode_late" if late_stage else "decode"), tokens
+        if not stages or stages[-1] != launch.variant:
+            stages.append(launch.variant)
+    # each stage is reached, in order (6144: decode to 5 tokens, decode_late to 170, decode to
+    # the grid rule's 352)
+    assert stages == (["decode"] if late_only else ["decode", "decode_late", "decode"])
+    # forced, decode_late launches itself where the point has it, else the decode variant
+    (launch,) = _plan(family, config, arch, {"tokens": 64}, "decode_late")
+    assert launch.variant == ("decode" if late_only else "decode_late")
+
+
+@pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=4096, fused_residual=True)])
+def test_rms_norm_records_without_decode_late_plan_decode_as_built(values):
+    """A bundle built before decode_late (records of decode with the trigger at the top to 2048
+    threads, and prefill) plans decode throughout its decode range, never a variant it lacks."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    arch = get_arch("sm_90a")
+    built_before = {n: v for n, v in _variants(family, config, arch).items() if n != "decode_late"}
+    for tokens in (1, 16, 17, 64, 256, 257, 512):
+        (launch,) = family.plan(config, built_before, {"tokens": tokens}, arch.sm_count)
+        assert launch.variant == "decode", tokens
+
+
+@pytest.mark.parametrize("values", [dict(hidden=128), dict(hidden=1024),
+                                    dict(hidden=1536, fused_residual=True)])
+def test_rms_norm_rows_under_4_warps_have_no_pdl(values):
+    """Rows of 1-3 warps launch without PDL (the prologue costs every block: family.py), so
+    they have no decode_late either."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    variants = _variants(family, config, get_arch("sm_90a"))
+    assert set(variants) == {"decode", "prefill"}
+    assert all(v.pdl == 0 and "pdl_late" not in v.constants for v in variants.values())
 
 
 @pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=3840), dict(hidden=3584),
@@ -552,7 +639,7 @@ def test_rms_norm_other_rows_have_no_mid_and_force_it_as_decode(values):
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
-    assert set(_variants(family, config, arch)) == {"decode", "prefill"}
+    assert set(_variants(family, config, arch)) - {"decode_late"} == {"decode", "prefill"}
     for tokens in (1, 300, 700, 1500, 3000, 20011):
         assert _variant(family, config, arch, tokens) in ("decode", "prefill")
         assert _plan(family, config, arch, {"tokens": tokens}, "mid") == _plan(

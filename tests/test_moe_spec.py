@@ -284,7 +284,8 @@ def test_combine_compiles_with_the_arch_widest_loads(arch):
     """128-bit row accesses on sm_90a; 256-bit (v8.b32) on sm_100a, where a bf16 row of 7168
     (14336 bytes) is a whole number of 32-byte vectors."""
     point = compile_point("moe_combine", COMBINE.make_config(top_k=8, hidden=7168), arch)
-    names = ["decode", "prefill", "split", "split_wide", "split_block"]
+    # split_block too: 131 tokens of its 7 (sm_100a: 4) blocks pass split_block_late's 65536
+    names = ["decode", "prefill", "split", "split_wide", "split_block", "split_block_late"]
     assert [v.name for v in point.record.variants] == names
     assert list(point.artifacts) == names
     width = "v8" if arch == "sm_100a" else "v4"
@@ -322,10 +323,23 @@ def test_combine_split_covers_each_row_with_one_warp_blocks(arch, top_k, hidden)
     assert wide.block == (32, 1, 1) and w["rows_per_block"] == 1 and w["vecs_per_thread"] == vecs
     assert w["chunks"] == -(-hidden // (vecs * chunk_elems)) and wide.pdl == split.pdl
     assert wide.params == split.params
-    block = v["split_block"]
-    b = block.constants
-    assert block.block == (128, 1, 1) and b["rows_per_block"] == 1 and b["vecs_per_thread"] == 1
-    assert b["chunks"] == -(-hidden // (4 * chunk_elems)) and block.pdl == split.pdl
+    # split_block_late: 4-warp blocks, PDL to SPLIT_BLOCK_PDL_MAX_THREADS with the next kernel
+    # launched after its stores; split_block, the same launch without it, only where 4-warp
+    # blocks of the split range (to SMs - 1 tokens) pass that limit, but at top-4
+    # (SPLIT_BLOCK_LATE_BEYOND_TOP_K), whose launches beyond it split_block_late takes too
+    late = v["split_block_late"]
+    b = late.constants
+    assert late.block == (128, 1, 1) and b["rows_per_block"] == 1 and b["vecs_per_thread"] == 1
+    assert b["chunks"] == -(-hidden // (4 * chunk_elems)) and b["pdl_late"] == 1
+    assert late.pdl == 65536 > split.pdl and late.params == split.params
+    largest = (a.sm_count - 1) * b["chunks"] * 128
+    assert b["late_beyond_top_k"] == 4
+    assert ("split_block" in v) == (largest > 65536 and top_k != 4), largest
+    if "split_block" in v:
+        block = v["split_block"]
+        assert (block.block, block.params, block.pdl) == (late.block, late.params, split.pdl)
+        assert late.constants == {**block.constants, "pdl_late": 1, "late_beyond_top_k": 4}
+    assert not any("pdl_late" in x.constants for x in v.values() if x is not late)
 
 
 def test_combine_plan_splits_rows_below_one_token_per_sm():
@@ -337,10 +351,12 @@ def test_combine_plan_splits_rows_below_one_token_per_sm():
     for tokens in (1, 2, 16, 37):
         (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
         assert (launch.variant, launch.grid) == ("split", (tokens * chunks, 1, 1)), tokens
-    # beyond it split_block: 4-warp blocks, 7 per token (896 vectors, 128 per block)
-    for tokens in (38, 64, 131):
+    # beyond it 4-warp blocks, 7 per token (896 vectors, 128 per block): split_block_late up to
+    # 65536 threads (73 tokens of 896), split_block beyond
+    for tokens in (38, 64, 73, 74, 131):
         (launch,) = _plan(COMBINE, c, a, {"tokens": tokens})
-        assert (launch.variant, launch.grid) == ("split_block", (tokens * 7, 1, 1)), tokens
+        name = "split_block_late" if tokens * 7 * 128 <= 65536 else "split_block"
+        assert (launch.variant, launch.grid) == (name, (tokens * 7, 1, 1)), tokens
     (launch,) = _plan(COMBINE, c, a, {"tokens": 132})
     assert (launch.variant, launch.grid) == ("decode", (132, 1, 1))
     (launch,) = _plan(COMBINE, c, a, {"tokens": 8192})
@@ -353,13 +369,15 @@ def test_combine_split_rule_moves_with_the_sm_count_and_caps_the_grid():
     c = COMBINE.make_config(top_k=8, hidden=7168)
     variants = _variants(COMBINE, c, ARCHS["sm_90a"])
     assert COMBINE.plan(c, variants, {"tokens": 37}, 132)[0].variant == "split"  # 1036 blocks
-    assert COMBINE.plan(c, variants, {"tokens": 37}, 78)[0].variant == "split_block"  # H20: > 624
+    # H20: > 624 blocks; 33152 threads, within split_block_late's PDL limit
+    assert COMBINE.plan(c, variants, {"tokens": 37}, 78)[0].variant == "split_block_late"
     # hidden 16384 bf16: 64 one-warp blocks per token; at most 8 blocks per SM (tuning.py)
     wide = COMBINE.make_config(top_k=8, hidden=16384)
     wv = _variants(COMBINE, wide, ARCHS["sm_90a"])
     assert wv["split"].constants["chunks"] == 64
     assert COMBINE.plan(wide, wv, {"tokens": 16}, 132)[0].variant == "split"  # 1024 blocks
-    assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "split_block"
+    assert COMBINE.plan(wide, wv, {"tokens": 17}, 132)[0].variant == "split_block_late"
+    assert COMBINE.plan(wide, wv, {"tokens": 33}, 132)[0].variant == "split_block"  # 67584
     assert COMBINE.plan(wide, wv, {"tokens": 132}, 132)[0].variant == "decode"
 
 
@@ -367,7 +385,9 @@ def test_combine_plan_takes_the_variant_the_sweep_measured_fastest():
     """tuning.py: below one token per SM, top-2 and top-4 from 16 tokens take split_wide while its
     launch gets programmatic dependent launch (at most 2048 threads), split_block beyond; below
     16 tokens split (split_wide where split's grid is over its block limit); top-8 split, and
-    split_block where split's grid is over its limit; from one token per SM on, decode/prefill."""
+    split_block where split's grid is over its limit; from one token per SM on, decode/prefill.
+    split_block's launches of at most 65536 threads are split_block_late's (PDL, late trigger);
+    points whose split launches never pass that compile no split_block."""
     a = ARCHS["sm_90a"]  # 132 SMs
 
     def chosen(top_k, hidden, tokens, sm_count=a.sm_count):
@@ -378,43 +398,51 @@ def test_combine_plan_takes_the_variant_the_sweep_measured_fastest():
         assert launch.grid[0] == (tokens * chunks if "split" in launch.variant else launch.grid[0])
         return launch.variant
 
-    # top-2, hidden 2048: split_wide's 2 one-warp blocks per token reach 2048 threads at 32
+    # top-2, hidden 2048: split_wide's 2 one-warp blocks per token reach 2048 threads at 32;
+    # split_block's 2 four-warp blocks reach 33536 threads at 131 tokens: split_block_late only
     assert [chosen(2, 2048, t) for t in (1, 15, 16, 32, 33, 64, 131, 132)] == [
-        "split", "split", "split_wide", "split_wide", "split_block", "split_block",
-        "split_block", "decode"]
-    # hidden 7168: 7 blocks per token, already 3584 threads at 16 tokens
-    assert [chosen(2, 7168, t) for t in (15, 16, 64, 128)] == [
-        "split", "split_block", "split_block", "split_block"]
+        "split", "split", "split_wide", "split_wide", "split_block_late", "split_block_late",
+        "split_block_late", "decode"]
+    # hidden 7168: 7 blocks per token, already 3584 threads at 16 tokens, 65536 at 73
+    assert [chosen(2, 7168, t) for t in (15, 16, 64, 73, 74, 128)] == [
+        "split", "split_block_late", "split_block_late", "split_block_late", "split_block",
+        "split_block"]
     # top-4 (2 vectors per thread in split_wide), hidden 2048: 4 blocks per token
     assert [chosen(4, 2048, t) for t in (15, 16, 17, 128)] == [
-        "split", "split_wide", "split_block", "split_block"]
+        "split", "split_wide", "split_block_late", "split_block_late"]
+    # top-4 beyond 65536 threads too (tuning.py: SPLIT_BLOCK_LATE_BEYOND_TOP_K)
     assert [chosen(4, 7168, t) for t in (1, 15, 16, 64, 131, 132)] == [
-        "split", "split", "split_block", "split_block", "split_block", "decode"]
+        "split", "split", "split_block_late", "split_block_late", "split_block_late", "decode"]
     # below 16 tokens: split unless its grid passes the block limit (hidden 16384 bf16: 64 blocks
     # per token; 78 SMs, an H20, allow 624: 9 tokens), then split_wide
     assert [chosen(4, 16384, t, 78) for t in (9, 10, 15)] == ["split", "split_wide", "split_wide"]
     # top-8: split while its grid is within the limit (hidden 7168: 28 blocks per token, 1056
     # blocks: 37 tokens), split_block beyond, decode from one token per SM
     assert [chosen(8, 7168, t) for t in (16, 37, 38, 64, 131, 132)] == [
-        "split", "split", "split_block", "split_block", "split_block", "decode"]
+        "split", "split", "split_block_late", "split_block_late", "split_block", "decode"]
     assert [chosen(8, 2048, t) for t in (128, 131)] == ["split", "split"]  # 8 blocks per token
     wide = _variants(COMBINE, COMBINE.make_config(top_k=2, hidden=7168), a)["split_wide"]
     assert wide.constants["chunks"] == 7  # 896 vectors, 128 per one-warp block
 
 
-@pytest.mark.parametrize("force", ["decode", "prefill", "split", "split_wide", "split_block"])
-def test_combine_every_variant_can_be_forced_at_any_size(force):
-    c = COMBINE.make_config(top_k=4, hidden=1024)
+@pytest.mark.parametrize("hidden", [1024, 7168])
+@pytest.mark.parametrize("force", COMBINE.plan_choices)
+def test_combine_every_variant_can_be_forced_at_any_size(force, hidden):
+    """Forced, each variant launches itself; split_block where the point has none (hidden
+    1024: its split launches never pass split_block_late's PDL limit) launches
+    split_block_late, the variant that takes its launches there."""
+    c = COMBINE.make_config(top_k=2, hidden=hidden)
     a = ARCHS["sm_90a"]
     variants = _variants(COMBINE, c, a)
+    assert ("split_block" in variants) == (hidden == 7168)
     for tokens in (1, 3, 1000, 20011):
         (launch,) = _plan(COMBINE, c, a, {"tokens": tokens}, force)
-        assert launch.variant == force
-        v = variants[force].constants
+        assert launch.variant == (force if force in variants else "split_block_late")
+        v = variants[launch.variant].constants
         blocks_per_token = v["chunks"]
         tokens_per_block = v["rows_per_block"]
         assert launch.grid == (-(-tokens // tokens_per_block) * blocks_per_token, 1, 1)
-    assert {"split", "split_wide", "split_block"} <= set(COMBINE.plan_choices)
+    assert {"split", "split_wide", "split_block", "split_block_late"} <= set(COMBINE.plan_choices)
     with pytest.raises(ConfigError, match="unknown variant 'fast'"):
         _plan(COMBINE, c, a, {"tokens": 1}, "fast")
 
@@ -425,15 +453,21 @@ def combine_ptx():
     return {name: ptx for name, (ptx, _cubin) in point.artifacts.items()}
 
 
-@pytest.mark.parametrize("variant", ["decode", "prefill", "split", "split_wide", "split_block"])
+@pytest.mark.parametrize("variant", ["decode", "prefill", "split", "split_wide", "split_block",
+                                     "split_block_late"])
 def test_combine_reads_every_position_and_weight_before_any_row(combine_ptx, variant):
     """Positions and weights are straight-line scalar loads issued together; every row load
-    comes after them, so no row load waits behind a branch on a later position."""
+    comes after them, so no row load waits behind a branch on a later position. In
+    split_block_late the weights are read after the row loads are issued (device.py: else
+    ptxas placed their select, which waits for them, ahead of the row loads)."""
     ptx = combine_ptx[variant]
     body = ptx[ptx.index("griddepcontrol.wait") if variant != "prefill" else 0:]
     scalar = [m.start() for m in re.finditer(r"ld\.global\.b32", body)]
     rows = [m.start() for m in re.finditer(r"ld\.global\.v4\.b32", body)]
     assert len(scalar) == 2 * 8 and rows
+    if variant == "split_block_late":  # the positions, the rows, then the weights
+        assert max(scalar[:8]) < min(rows) and max(rows) < min(scalar[8:])
+        return
     assert max(scalar) < min(rows)
     assert not re.search(r"\bbra\b", body[min(scalar):max(scalar)]), "a branch between the reads"
 

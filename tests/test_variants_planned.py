@@ -21,12 +21,13 @@ TOKENS = sorted({*range(1, 513), *(int(1.05**i) for i in range(128, 290))})  # t
 # Variants still compiled although no plan picks them, each kept for measurements (forced):
 # qk_norm's one-warp blocks on the H200 (4-warp blocks measured faster at 1 token:
 # qk_norm/tuning.py; the seed's rule, sm_100a, uses them); moe_combine's split_wide and
-# split_block at top_k >= 6 (moe_combine/tuning.py: split_wide is for top-2/4); the per-tensor
-# FP8 one-block variant too small for hidden 7168. A new variant that no plan picks fails here.
+# split_block_late at top_k >= 6 where split's grid stays within its block limit (top-8 at hidden
+# 2048: moe_combine/tuning.py; split_wide is for top-2/4); the per-tensor FP8 one-block variant
+# too small for hidden 7168. A new variant that no plan picks fails here.
 FORCED_ONLY = {
     ("qk_norm", "decode"),
     ("moe_combine", "split_wide"),
-    ("moe_combine", "split_block"),
+    ("moe_combine", "split_block_late"),
     ("fp8_tensor_quant", "single_small"),
 }
 

@@ -10,7 +10,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from ...archs import Arch
-from ..device_utils import cutlass_dtype, pdl_prologue
+from ..device_utils import cutlass_dtype, pdl_epilogue, pdl_prologue
 from ..spec import Variant
 from .family import MoeCombineConfig
 
@@ -33,11 +33,12 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
     dtype = cutlass_dtype(config.dtype)
     block = list(variant.block)
     pdl = variant.pdl
+    late = bool(variant.constants.get("pdl_late", 0))  # split_block_late (tuning.py)
 
     @cute.kernel
     def combine_kernel(mY: cute.Tensor, mPos: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
         # mY: [rows, hidden]; mPos, mW: [tokens, top_k]; mO: [tokens, hidden]
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         if const_expr(chunks == 1):
@@ -58,13 +59,15 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
         weights = cute.make_rmem_tensor(K, Float32)
         for k in cutlass.range_constexpr(K):
             tPos[k] = mPos[t_in, k]
-            weights[k] = mW[t_in, k]
+            if const_expr(not late):
+                weights[k] = mW[t_in, k]
         tYrY = cute.make_rmem_tensor((vec, per_thread, K), dtype)
         tYrY.fill(0)
         for k in cutlass.range_constexpr(K):
             p = tPos[k]
             ok = p >= 0 and p < n_rows
-            weights[k] = cutlass.select_(ok, weights[k], Float32(0.0))  # a missing copy adds +0
+            if const_expr(not late):
+                weights[k] = cutlass.select_(ok, weights[k], Float32(0.0))  # a missing copy adds +0
             if ok:
                 gY = cute.zipped_divide(mY[p, None], (vec,))
                 for i in cutlass.range_constexpr(per_thread):
@@ -74,6 +77,15 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
                     else:
                         if j < vectors:
                             cute.autovec_copy(gY[(None, j)], tYrY[None, i, k])
+        if const_expr(late):
+            # The weights read after the rows' loads are issued: read with the positions, as the
+            # other variants do, ptxas placed their select (which waits for them) ahead of the
+            # row loads in this variant's schedule (split_block's cubin with the late trigger:
+            # benchmarks/results/norm-late-pdl-experiment-h200.md).
+            for k in cutlass.range_constexpr(K):
+                p = tPos[k]
+                ok = p >= 0 and p < n_rows
+                weights[k] = cutlass.select_(ok, mW[t_in, k], Float32(0.0))
         acc = tYrY[None, None, 0].load().to(Float32) * weights[0]
         for k in cutlass.range_constexpr(1, K):
             acc = acc + tYrY[None, None, k].load().to(Float32) * weights[k]
@@ -88,6 +100,7 @@ def host_function(config: MoeCombineConfig, variant: Variant, arch: Arch):
                 else:
                     if j < vectors:
                         cute.autovec_copy(tOrO[None, i], gO[(None, j)])
+        pdl_epilogue(pdl, late)
 
     @cute.jit
     def launch(mY: cute.Tensor, mPos: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,

@@ -13,8 +13,9 @@ Below one token per SM, split gives each token's row to several one-warp blocks 
 chunks of the row), so a decode step's few tokens use every SM (see tuning.py); split_wide
 does the same with 8 / top_k vectors per thread (fewer blocks): the plan's choice for top-2 and
 top-4 from 16 tokens while its launch is small enough for programmatic dependent launch;
-split_block, 4-warp blocks with one vector per thread, beyond that (tuning.py). All run the
-same device code, so their results are bitwise equal.
+split_block, 4-warp blocks with one vector per thread, beyond that (tuning.py), as
+split_block_late up to 65536 threads (and at top-4 beyond): PDL with the next kernel launched
+after its stores. All run the same device code, so their results are bitwise equal.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class MoeCombine(KernelFamily):
     name = "moe_combine"
     Config = MoeCombineConfig
     device_module = "rose_aot.kernels.moe_combine.device"
-    plan_choices = ("decode", "prefill", "split", "split_wide", "split_block")
+    plan_choices = ("decode", "prefill", "split", "split_wide", "split_block", "split_block_late")
 
     def validate(self, c: MoeCombineConfig) -> None:
         if not 1 <= c.top_k <= 32:
@@ -100,11 +101,11 @@ class MoeCombine(KernelFamily):
         warps, per_thread = row_split(vectors, PREFILL_BYTES_PER_THREAD // nbytes)
         prefill = variant("prefill", warps, per_thread, max(1, PREFILL_WARPS // warps))
 
-        def split_variant(name, warps, per_thread, **extra):
+        def split_variant(name, warps, per_thread, pdl=PDL_MAX_THREADS, **extra):
             # one token's row over `chunks` blocks of `warps` warps, `per_thread` vectors each
             chunk = 32 * warps * per_thread
-            return variant(name, warps, per_thread, 1, chunks=-(-vectors // chunk),
-                           pdl=PDL_MAX_THREADS, **extra)
+            return variant(name, warps, per_thread, 1, chunks=-(-vectors // chunk), pdl=pdl,
+                           **extra)
 
         split = split_variant(
             "split", tuning.SPLIT_WARPS, 1,
@@ -117,8 +118,21 @@ class MoeCombine(KernelFamily):
             wide_min_tokens=tuning.SPLIT_WIDE_MIN_TOKENS,
             wide_over_cap_top_k=tuning.SPLIT_WIDE_OVER_CAP_TOP_K,
         )
+        # split_block's launches (always above PDL_MAX_THREADS threads in the plan) take
+        # split_block_late up to SPLIT_BLOCK_PDL_MAX_THREADS threads: PDL with the next kernel
+        # launched after its stores; beyond, split_block (no PDL), but at
+        # SPLIT_BLOCK_LATE_BEYOND_TOP_K split_block_late without the attribute (tuning.py).
+        # split_block is compiled only where it takes some split launch on the arch's device.
+        split_block_late = split_variant("split_block_late", tuning.SPLIT_BLOCK_WARPS, 1,
+                                         pdl=tuning.SPLIT_BLOCK_PDL_MAX_THREADS, pdl_late=1,
+                                         late_beyond_top_k=tuning.SPLIT_BLOCK_LATE_BEYOND_TOP_K)
+        split_tokens = arch.sm_count * tuning.SPLIT_MAX_TOKENS_PER_SM - 1  # the most split takes
+        per_token = split_block_late.constants["chunks"] * split_block_late.block[0]
+        if (split_tokens * per_token <= tuning.SPLIT_BLOCK_PDL_MAX_THREADS
+                or c.top_k == tuning.SPLIT_BLOCK_LATE_BEYOND_TOP_K):
+            return (decode, prefill, split, split_wide, split_block_late)
         split_block = split_variant("split_block", tuning.SPLIT_BLOCK_WARPS, 1)
-        return (decode, prefill, split, split_wide, split_block)
+        return (decode, prefill, split, split_wide, split_block, split_block_late)
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
@@ -143,7 +157,21 @@ class MoeCombine(KernelFamily):
                 # split_block, a quarter of split's blocks (tuning.py: 8-21% faster than decode
                 # at every such top-8 point of the sweep)
                 choice = "split_block"
-        if choice in ("split", "split_wide", "split_block"):
+        if choice in ("split_block", "split_block_late"):
+            # split_block's launch: split_block_late within its PDL limit, at its
+            # late_beyond_top_k or where the point has no split_block; split_block beyond it or
+            # where the bundle predates the late twin (forced: the one asked for, else the other)
+            late = variants.get("split_block_late")
+            if late is None:
+                choice = "split_block"
+            elif force is None:
+                threads = tokens * late.constants["chunks"] * late.block[0]
+                if (threads <= late.pdl or "split_block" not in variants
+                        or c.top_k == late.constants["late_beyond_top_k"]):
+                    choice = "split_block_late"
+            elif choice not in variants:
+                choice = "split_block_late"
+        if choice in ("split", "split_wide", "split_block", "split_block_late"):
             chunks = variants[choice].constants["chunks"]
             return (Launch(choice, (tokens * chunks, 1, 1)),) if tokens else ()
         decode = variants["decode"].constants

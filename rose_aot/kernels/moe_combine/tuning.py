@@ -25,7 +25,7 @@ from __future__ import annotations
 
 __all__ = ["SPLIT_WARPS", "SPLIT_MAX_TOKENS_PER_SM", "SPLIT_MAX_BLOCKS_PER_SM", "SPLIT_WIDE_LOADS",
            "SPLIT_WIDE_TOP_K", "SPLIT_WIDE_MIN_TOKENS", "SPLIT_WIDE_OVER_CAP_TOP_K",
-           "SPLIT_BLOCK_WARPS"]
+           "SPLIT_BLOCK_WARPS", "SPLIT_BLOCK_PDL_MAX_THREADS", "SPLIT_BLOCK_LATE_BEYOND_TOP_K"]
 
 # Warps per block of the split variant, one vector per thread and row: the smallest chunk, so a
 # single token's rows spread over the most SMs (28 blocks at hidden 7168 in bf16 on sm_90a).
@@ -80,3 +80,23 @@ SPLIT_WIDE_OVER_CAP_TOP_K = 4  # split_wide instead of decode where split's grid
 # 64 tokens: 2.06 against 2.19). The plan takes it there (family.py). It is ahead of
 # torch.compile at each of those points but top-4 at hidden 7168 and 128 tokens (2.63 vs 2.55).
 SPLIT_BLOCK_WARPS = 4
+# split_block's launches (always above spec.PDL_MAX_THREADS threads in the plan) of at most this
+# many threads take its twin `split_block_late` (family.py): programmatic dependent launch with
+# the next kernel launched after the stores (device_utils.pdl_epilogue), like rms_norm's
+# decode_late, and the weights read after the row loads are issued (device.py). Measured on one
+# H200, 2026-12-02, in one process against the shipped variants (`python
+# benchmarks/ab_combine.py base=BUNDLE late=BUNDLE --top-k 2,4,8 --hidden 2048,4096,6144,7168
+# --tokens 1,16,64,96,128`, the late cubin in split_block's place; benchmarks/results/
+# norm-late-pdl-experiment-h200.md, call 4): 11-25% less time at every launch of 8192-65536
+# threads it takes (top-2 7168 x 16 1.47 -> 1.20 µs; top-4 4096 x 16 1.62 -> 1.22, x 128 2.20 ->
+# 1.90, 7168 x 64 2.04 -> 1.74; top-8 7168 x 64 2.74 -> 2.39, 4096 x 128 2.86 -> 2.46; top-2
+# 4096 x 128 1.74 -> 1.73). Beyond 65536 threads, launched without the attribute, the late cubin
+# was 2-4% faster at top-4 (6144 x 128 2.51 -> 2.41, 7168 x 128 2.65 -> 2.58; 6-7% in call 2,
+# with the weights read before the rows) but 5-11% slower at top-2 (7168 x 128 2.03 -> 2.26,
+# 6144 x 128 1.88 -> 2.07; 7-13% in calls 2-3) and 1-4% at top-8 (7168 x 128 3.48 -> 3.59), so
+# those launches take split_block_late at SPLIT_BLOCK_LATE_BEYOND_TOP_K and split_block (its
+# cubin as before) at the other top_k; split_block is compiled only where such a launch exists.
+# The other variants keep the trigger at the top: `split` lost 20-24% at one token with the late
+# one (call 1: top-4 4096 x 1 0.90 -> 1.12) and 12% at top-8 4096 x 64 (2.24 -> 2.51).
+SPLIT_BLOCK_PDL_MAX_THREADS = 65536
+SPLIT_BLOCK_LATE_BEYOND_TOP_K = 4

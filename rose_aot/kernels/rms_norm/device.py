@@ -13,6 +13,7 @@ from ..device_utils import (
     butterfly_sum,
     cutlass_dtype,
     load_vector_hinted,
+    pdl_epilogue,
     pdl_prologue,
 )
 from ..spec import Variant
@@ -44,6 +45,7 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
     block = list(variant.block)
     smem_bytes = variant.smem
     pdl = variant.pdl
+    late = bool(variant.constants.get("pdl_late", 0))  # decode_late, and decode of wide rows
     # At least min_blocks blocks per SM (nvvm.minctasm caps ptxas's registers). The carveout is
     # passed because without one the DSL asks the GPU of the compiling machine for its shared
     # memory size; -1 is the driver's default, and the loader sets no carveout.
@@ -151,15 +153,17 @@ def host_function(config: RmsNormConfig, variant: Variant, arch: Arch):
 
     @cute.kernel
     def rms_norm_kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         body(mX, None, mW, mO)
+        pdl_epilogue(pdl, late)
 
     @cute.kernel
     def rms_norm_residual_kernel(
         mX: cute.Tensor, mRes: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor
     ):
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         body(mX, mRes, mW, mO)
+        pdl_epilogue(pdl, late)
 
     if config.fused_residual:
 

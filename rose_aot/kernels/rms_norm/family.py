@@ -16,7 +16,10 @@ weight loaded before x and x * w formed while the row's sum is exchanged; for 14
 decode block widened to 16 warps and held to 32 registers, so that 4 rows fit an SM where the
 decode variant fits 3 (the plain rows' also with the weight loaded first; tuning.py). Loaded after
 x, the weight's load waits for x's (ptxas issues it once x has arrived); some variants load it
-first (tuning.py, WEIGHT_FIRST).
+first (tuning.py, WEIGHT_FIRST). Decode launches of rows of 4+ warps use programmatic dependent
+launch: up to 2048 threads the next kernel launches at the top of this one; larger ones, to 65536
+threads, launch it after their stores (`decode_late`; rows of 13 KiB and more do so at every
+size in their decode variant: tuning.py, DECODE_LATE_PDL_MAX_THREADS).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class RmsNorm(KernelFamily):
     name = "rms_norm"
     Config = RmsNormConfig
     device_module = "rose_aot.kernels.rms_norm.device"
-    plan_choices = ("decode", "mid", "prefill")
+    plan_choices = ("decode", "decode_late", "mid", "prefill")
     shape_fields = ("hidden",)
 
     def make_config(self, **values):
@@ -124,7 +127,7 @@ class RmsNorm(KernelFamily):
         vectors = c.hidden // vec
 
         def variant(name, warps, per_thread, rows, pdl=0, reload_x=0, cache_hints=0,
-                    min_blocks=0, weight_first=0, scale_before_sum=0, **rule):
+                    min_blocks=0, weight_first=0, scale_before_sum=0, pdl_late=0, **rule):
             threads = 32 * warps * rows
             smem = 4 * warps * rows if warps > 1 else 0  # one fp32 partial sum per warp
             constants = {
@@ -144,6 +147,9 @@ class RmsNorm(KernelFamily):
                 "scale_before_sum": scale_before_sum,
                 **rule,  # the plan's own thresholds, recorded with the variant they choose
             }
+            if pdl_late:
+                # the next kernel launched after this one's stores (device_utils.pdl_epilogue)
+                constants["pdl_late"] = 1
             return Variant(name, (threads, 1, 1), smem, params, constants, pdl=pdl)
 
         # Decode launches are latency-bound: programmatic dependent launch overlaps each one's
@@ -160,9 +166,21 @@ class RmsNorm(KernelFamily):
         # The weight's load issued with x's where it was measured to pay (tuning.py,
         # WEIGHT_FIRST): decode of rows of one warp, of at least WEIGHT_FIRST_ROW_BYTES.
         long_row = row_bytes >= tuning.WEIGHT_FIRST_ROW_BYTES
+        # Launches beyond PDL_MAX_THREADS threads use PDL with the next kernel launched after
+        # the stores (tuning.py, DECODE_LATE_PDL_MAX_THREADS): rows of at least
+        # LATE_TRIGGER_ROW_BYTES do so at every size, in one cubin; narrower rows keep the
+        # trigger at the top for the small launches (one token) and add `decode_late`.
+        pdl_rows = warps >= 4
+        late_only = pdl_rows and row_bytes >= tuning.LATE_TRIGGER_ROW_BYTES
         decode = variant("decode", warps, per_thread, rows,
-                         pdl=PDL_MAX_THREADS if warps >= 4 else 0,
+                         pdl=(tuning.DECODE_LATE_PDL_MAX_THREADS if late_only
+                              else PDL_MAX_THREADS if pdl_rows else 0),
+                         pdl_late=int(late_only),
                          weight_first=int(warps == 1 and long_row))
+        decode_late = None
+        if pdl_rows and not late_only:
+            decode_late = variant("decode_late", warps, per_thread, rows,
+                                  pdl=tuning.DECODE_LATE_PDL_MAX_THREADS, pdl_late=1)
         low, high = tuning.MID_ROW_BYTES
         mid = None
         if low <= row_bytes <= high:
@@ -192,7 +210,7 @@ class RmsNorm(KernelFamily):
             reload_x=int(not c.fused_residual), cache_hints=1,
             weight_first=int(long_row),  # tuning.py, WEIGHT_FIRST
         )
-        return (decode, prefill) if mid is None else (decode, mid, prefill)
+        return tuple(v for v in (decode, decode_late, mid, prefill) if v is not None)
 
     def op_suffix(self, c: RmsNormConfig) -> str:
         return "_residual" if c.fused_residual else ""
@@ -213,14 +231,20 @@ class RmsNorm(KernelFamily):
             or grid_decode
         )
         if force is not None:
-            # `mid` exists for some rows only (tuning.py); forced elsewhere it is the decode
-            # variant, the variant it would replace
+            # `mid` and `decode_late` exist for some rows only (tuning.py); forced elsewhere
+            # each is the decode variant, the variant it would replace
             name = force if force in variants else "decode"
         elif ("mid" in variants and not grid_decode
               and moved < variants["mid"].constants["mid_max_bytes"]):
             name = "mid"
         elif use_decode:
             name = "decode"
+            late = variants.get("decode_late")
+            if late is not None:
+                # past the early trigger's limit, the late one's (tuning.py)
+                threads = -(-tokens // decode["rows_per_block"]) * variants["decode"].block[0]
+                if variants["decode"].pdl < threads <= late.pdl:
+                    name = "decode_late"
         else:
             name = "prefill"
         return row_plan(variants, tokens, name)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 __all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES",
            "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES",
-           "DECODE_BLOCK_WARPS", "MID_BLOCK_ROW_BYTES", "WEIGHT_FIRST_ROW_BYTES"]
+           "DECODE_BLOCK_WARPS", "MID_BLOCK_ROW_BYTES", "WEIGHT_FIRST_ROW_BYTES",
+           "DECODE_LATE_PDL_MAX_THREADS", "LATE_TRIGGER_ROW_BYTES"]
 
 # Warps per block of the prefill variant: 4 and 8 tie (1616.0 vs 1616.1 µs summed over the six
 # shapes at 8192 and 32768 tokens); 16 and 32 are slower.
@@ -148,6 +149,35 @@ WEIGHT_FIRST_ROW_BYTES = 1 << 10
 # variant lost 2-8% at 16-128 tokens (one block per SM or fewer), so decode keeps its own. With
 # the fused residual, not measured: those rows have no mid.
 MID_BLOCK_ROW_BYTES = (8 << 10, 12 << 10)
+
+
+# Programmatic dependent launch for decode launches beyond spec.PDL_MAX_THREADS (2048), with
+# the next kernel launched only after this one's stores (device_utils.pdl_epilogue), as
+# act_and_mul's `mid` (act_and_mul/tuning.py): triggered at the top, the next grid's blocks
+# took the SMs these larger grids still needed (spec.py), so such launches went without PDL.
+# Measured on one H200, 2026-12-02, the decode variant of rows of 4+ warps with the late trigger
+# and the attribute to 65536 threads against the shipped one, in one process (`python
+# benchmarks/ab_norms.py base=BUNDLE late=BUNDLE --hidden 2048,4096,7168,8192 --tokens
+# 1,16,64,128,256 --fused 0,1 --rounds 2`; benchmarks/results/norm-late-pdl-experiment-h200.md):
+# - launches of 2049-65536 threads: 16-27% less time at every width and token count measured
+#   (plain 4096 x 16 1.61 -> 1.17 µs, 2048 x 64 1.58 -> 1.22, 7168 x 128 2.28 -> 1.75; fused
+#   8192 x 128 2.70 -> 2.10; 2048 and 4096 x 256 16-22%); the kept split (decode, decode_late)
+#   against the shipped variants in a second call, hidden 2048-7168 plain and fused at 1-128
+#   tokens: 18-29% at every such launch, level at the others (plain 5120 x 16 1.70 -> 1.23,
+#   6144 x 128 2.19 -> 1.64);
+# - beyond 65536 threads (without the attribute; 7168-8192 x 256): 2-4% less with the late
+#   cubin (plain 7168 x 256 2.88 -> 2.77);
+# - launches of at most 2048 threads, where decode triggers at the top: 12-21% more time for
+#   rows of 4-8 KiB (plain 2048 x 1 0.96 -> 1.12, 4096 x 1 1.03 -> 1.15, fused 2048 x 16 1.11
+#   -> 1.27; fused 4096 x 1 7% less, 1.22 -> 1.14), level for rows of 14-16 KiB (plain 7168 x 1
+#   1.32 -> 1.29, 8192 x 1 1.36 -> 1.38, fused 8192 x 1 1.66 -> 1.61).
+# So rows of at least LATE_TRIGGER_ROW_BYTES trigger late at every size, in their one decode
+# cubin; narrower rows of 4+ warps keep `decode` (the trigger at the top, to 2048 threads) and
+# add `decode_late` for 2049-65536 threads. Beyond, decode without the attribute, as before.
+# Rows of 10-12 KiB (hidden 5120-6144) were not measured at one token: they follow the 4-8 KiB
+# rows.
+DECODE_LATE_PDL_MAX_THREADS = 65536
+LATE_TRIGGER_ROW_BYTES = 13 << 10
 
 
 def prefill_warps(arch: str, override: int = 0) -> int:
