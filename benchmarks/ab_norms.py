@@ -9,8 +9,8 @@ output is checked against per-shape torch.compile's (relative error < 2^-6), the
 `--rounds` rounds with the bundles in alternating order (CUDA-graph replay medians, 30 ms each),
 together with torch.compile, Liger-Kernel where it is installed (`liger_rms_norm`,
 `liger_fused_add_rms_norm`) and each `--force` variant of every bundle forced (in columns
-LABEL:VARIANT; default: the first bundle's decode variant, as `decode`; `mid`, which only rows
-of 14-16 KiB have, is the decode variant elsewhere). Prints one line per shape: the median
+LABEL:VARIANT; default: the first bundle's decode variant, as `decode`; `mid` and
+`decode_late`, which only some rows have, are the decode variant elsewhere). Prints one line per shape: the median
 over rounds of each. The experiments behind rms_norm's cache hints
 (benchmarks/results/norm-cache-hints-experiment-h200.md) are its output.
 """
@@ -25,6 +25,10 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import bench_us, bundle_points, compile_per_shape, int_list  # noqa: E402
+
+# rms_norm's plan choices (RmsNorm.plan_choices); where a bundle lacks one (decode_late, mid), the
+# plan launches the decode variant in its place
+FORCEABLE = ("decode", "decode_late", "mid", "prefill")
 
 
 def labelled_bundle(text: str) -> tuple[str, str]:
@@ -48,9 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fused", default="0,1", choices=["0", "1", "0,1"], metavar="0|1|0,1",
                         help="plain (0), fused residual (1) or both")
     parser.add_argument("--force", default="", metavar="VARIANT,...",
-                        help="variants to time forced in every bundle (decode, mid, "
-                             "prefill; columns LABEL:VARIANT; default: the first bundle's "
-                             "decode variant only, as 'decode')")
+                        help=f"variants to time forced in every bundle ({', '.join(FORCEABLE)}; "
+                             "columns LABEL:VARIANT; default: the first bundle's decode variant "
+                             "only, as 'decode')")
     args = parser.parse_args(argv)
     labels = [label for label, _ in args.bundles]
     if len(set(labels)) != len(labels):
@@ -60,9 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     # plain first, then fused: the order of the lines main() prints
     args.fused = [bool(int(f)) for f in args.fused.split(",")]
     args.force = [v for v in args.force.split(",") if v]
-    if any(v not in ("decode", "mid", "prefill") for v in args.force):
-        parser.error(f"--force takes rms_norm's variants, decode, mid and prefill "
-                     f"(got {args.force})")
+    if any(v not in FORCEABLE for v in args.force):
+        parser.error(f"--force takes rms_norm's variants, {', '.join(FORCEABLE[:-1])} and "
+                     f"{FORCEABLE[-1]} (got {args.force})")
     for label, path in args.bundles:
         lacking = missing_points(path, args.hidden, args.fused)
         if lacking:

@@ -511,7 +511,8 @@ def test_bench_act_quant_refuses_points_the_bundle_lacks_before_any_gpu_work(
     (["a=SHIPPED", "a=SHIPPED"], "labels repeat"),
     (["a=SHIPPED", "--rounds", "0"], "--rounds must be at least 1"),
     (["a=SHIPPED", "--force", "decode,small"],
-     "--force takes rms_norm's variants, decode, mid and prefill (got ['decode', 'small'])"),
+     "--force takes rms_norm's variants, decode, decode_late, mid and prefill "
+     "(got ['decode', 'small'])"),
     (["a=SHIPPED", "--hidden", "1234", "--fused", "1"],
      "no rms_norm point of (hidden, fused_residual) (1234, True); it has ["),
     (["a=README.md"], "not a readable bundle"),
@@ -524,6 +525,39 @@ def test_ab_norms_refuses_bad_bundles_before_any_gpu_work(args, message, shipped
         "README.md", os.path.join(ROOT, "README.md")) for a in args]
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_norms.py"), *args],
                          capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, (
+        run.stderr[-500:])
+
+
+def test_ab_norms_forces_every_plan_choice_of_rms_norm():
+    """ab_norms.py's --force list is rms_norm's plan choices, so a new variant is forceable."""
+    from rose_aot.kernels import get_family
+
+    ab_norms = _load_benchmark_importing_common("ab_norms")
+    assert ab_norms.FORCEABLE == get_family("rms_norm").plan_choices
+
+
+@pytest.mark.parametrize("args, message", [
+    (["base"], "write LABEL=BUNDLE"),
+    (["a=no-such.rosebundle"], "no such bundle file"),
+    (["a=SHIPPED", "a=SHIPPED"], "labels repeat"),
+    (["a=SHIPPED", "--rounds", "0"], "--rounds must be at least 1"),
+    (["a=SHIPPED", "--force", "split,fast"],
+     "--force takes moe_combine's variants decode, prefill, split, split_wide, split_block, "
+     "split_block_late (got fast)"),
+    (["a=SHIPPED", "--top-k", "3", "--hidden", "2048"],
+     "no bf16 moe_combine point of (top_k, hidden) (3, 2048); it has ["),
+    (["a=SHIPPED", "--tokens", "x"], "is not a comma-separated list of positive integers"),
+    (["a=README.md"], "not a readable bundle"),
+])
+def test_ab_combine_refuses_bad_bundles_before_any_gpu_work(args, message, shipped_bundle_path):
+    """Exit 2 with one argparse line, before torch looks for a GPU (this machine has none)."""
+    import subprocess
+
+    args = [a.replace("SHIPPED", str(shipped_bundle_path)).replace(
+        "README.md", os.path.join(ROOT, "README.md")) for a in args]
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_combine.py"),
+                          *args], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, (
         run.stderr[-500:])
 

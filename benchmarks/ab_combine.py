@@ -1,0 +1,132 @@
+"""A/B of moe_combine bundles built from different trees, in one process, against torch.compile.
+
+    python benchmarks/ab_combine.py base=build/exp/base.rosebundle new=build/exp/new.rosebundle \
+        --top-k 2,4,8 --hidden 4096,7168 --tokens 1,16,64,128
+
+Each LABEL=BUNDLE is opened by this checkout's loader (a tree's kernel change needs only its
+bundle, built with `rose-aot build` from that tree). Per shape, every bundle's output is checked
+bitwise against the first bundle's (the combine sums in a fixed order, so any two of its
+variants agree bit for bit) and against torch.compile's (relative error < 2^-7), then timed in
+`--rounds` rounds with the bundles in alternating order (CUDA-graph replay medians, 30 ms
+each), together with torch.compile compiled for the shape and each `--force` variant of every
+bundle (columns LABEL:VARIANT). Prints one line per shape: the median over rounds of each, and
+the variant each bundle's plan launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from ab_norms import labelled_bundle  # noqa: E402
+from common import bench_us, bundle_points, compile_per_shape, int_list  # noqa: E402
+
+# moe_combine's plan choices (MoeCombine.plan_choices); split_block and split_block_late, where a
+# bundle lacks one, launch the other
+VARIANTS = ("decode", "prefill", "split", "split_wide", "split_block", "split_block_late")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundles", nargs="+", type=labelled_bundle, metavar="LABEL=BUNDLE",
+                        help="bundles to compare; each holds moe_combine at every --top-k and "
+                             "--hidden (bf16)")
+    parser.add_argument("--top-k", type=int_list, default=[2, 4, 8],
+                        help="top_k values (comma-separated)")
+    parser.add_argument("--hidden", type=int_list, default=[2048, 4096, 6144, 7168],
+                        help="hidden sizes (comma-separated)")
+    parser.add_argument("--tokens", type=int_list, default=[1, 16, 32, 64, 128],
+                        help="token counts (comma-separated)")
+    parser.add_argument("--rounds", type=int, default=2, help="timing rounds per shape")
+    parser.add_argument("--force", default="", metavar="VARIANT,...",
+                        help=f"variants to time forced in every bundle ({', '.join(VARIANTS)}; "
+                             "columns LABEL:VARIANT)")
+    args = parser.parse_args(argv)
+    labels = [label for label, _ in args.bundles]
+    if len(set(labels)) != len(labels):
+        parser.error(f"labels repeat: {labels}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    args.force = [v for v in args.force.split(",") if v]
+    unknown = [v for v in args.force if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--force takes moe_combine's variants {', '.join(VARIANTS)} "
+                     f"(got {', '.join(unknown)})")
+    for label, path in args.bundles:
+        lacking = missing_points(path, args.top_k, args.hidden)
+        if lacking:
+            parser.error(f"{label}={path}: {lacking}")
+    return args
+
+
+def missing_points(path: str, top_ks, hiddens) -> str:
+    """What the bundle lacks of the request ("" if nothing), read from its index on the CPU,
+    so that a missing point costs no device time."""
+    points, unreadable = bundle_points(path)
+    if unreadable:
+        return unreadable
+    have = {(p["config"]["top_k"], p["config"]["hidden"]) for p in points
+            if p["family"] == "moe_combine" and p["config"].get("dtype") == "bfloat16"}
+    lack = sorted((k, h) for k in top_ks for h in hiddens if (k, h) not in have)
+    if not lack:
+        return ""
+    return ("no bf16 moe_combine point of (top_k, hidden) "
+            f"{', '.join(f'({k}, {h})' for k, h in lack)}; it has {sorted(have) or 'none'}")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    from bench_moe import torch_combine
+
+    from rose_aot import open_bundle
+
+    bundles = {}
+    for label, path in args.bundles:
+        bundles[label] = open_bundle(path)
+        bundles[label].preload()
+    compiled = compile_per_shape(torch_combine)
+    forced = [(f"{label}:{v}", label, v) for label in bundles for v in args.force]
+    for top_k in args.top_k:
+        for h in args.hidden:
+            handles = {k: b.kernel("moe_combine", top_k=top_k, hidden=h)
+                       for k, b in bundles.items()}
+            for t in args.tokens:
+                gen = torch.Generator(device="cuda").manual_seed(t * 64 + top_k)
+                rows = t * top_k
+                y = torch.randn(rows, h, device="cuda", generator=gen).bfloat16()
+                pos = torch.randperm(rows, device="cuda", generator=gen).view(t, top_k).int()
+                w = torch.rand(t, top_k, device="cuda", generator=gen)
+                out = torch.empty(t, h, device="cuda", dtype=torch.bfloat16)
+                ref = compiled(y, pos, w)
+                first = None
+                for k, handle in handles.items():
+                    o = torch.full_like(out, float("nan"))
+                    handle(y, pos, w, o)
+                    err = ((o.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                    assert err < 2**-7, (k, top_k, h, t, err)
+                    if first is None:
+                        first = o
+                    assert torch.equal(o, first), (k, top_k, h, t, "differs from the first")
+                runs = {"compile": lambda: compiled(y, pos, w),
+                        **{k: (lambda hd=hd: hd(y, pos, w, out)) for k, hd in handles.items()},
+                        **{col: (lambda hd=handles[label], v=v: hd(y, pos, w, out, variant=v))
+                           for col, label, v in forced}}
+                times = {k: [] for k in runs}
+                for rnd in range(args.rounds):
+                    order = list(runs) if rnd % 2 == 0 else list(runs)[::-1]
+                    for k in order:
+                        times[k].append(bench_us(runs[k], rep_ms=30))
+                plans = ",".join(f"{k}:{hd.plan(y, pos, w, out)[0].variant}"
+                                 for k, hd in handles.items())
+                line = " ".join(f"{k}={statistics.median(v):8.2f}" for k, v in times.items())
+                print(f"K={top_k} h={h:5d} T={t:5d} {line} plan={plans}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
