@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from ab_norms import labelled_bundle  # noqa: E402
-from common import bench_us, bundle_points, compile_per_shape, int_list  # noqa: E402
+from ab_norms import check_labels_and_rounds, labelled_bundle  # noqa: E402
+from common import (  # noqa: E402
+    compile_per_shape,
+    int_list,
+    median_in_rounds,
+    missing_points,
+    preloaded_bundles,
+)
 
 # moe_combine's plan choices (MoeCombine.plan_choices); split_block and split_block_late, where a
 # bundle lacks one, launch the other
@@ -46,36 +51,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"variants to time forced in every bundle ({', '.join(VARIANTS)}; "
                              "columns LABEL:VARIANT)")
     args = parser.parse_args(argv)
-    labels = [label for label, _ in args.bundles]
-    if len(set(labels)) != len(labels):
-        parser.error(f"labels repeat: {labels}")
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    check_labels_and_rounds(parser, args)
     args.force = [v for v in args.force.split(",") if v]
     unknown = [v for v in args.force if v not in VARIANTS]
     if unknown:
         parser.error(f"--force takes moe_combine's variants {', '.join(VARIANTS)} "
                      f"(got {', '.join(unknown)})")
     for label, path in args.bundles:
-        lacking = missing_points(path, args.top_k, args.hidden)
+        lacking = missing_points(path, "moe_combine", ("top_k", "hidden"),
+                                 [(k, h) for k in args.top_k for h in args.hidden],
+                                 keep=lambda c: c.get("dtype") == "bfloat16",
+                                 what="bf16 moe_combine")
         if lacking:
             parser.error(f"{label}={path}: {lacking}")
     return args
-
-
-def missing_points(path: str, top_ks, hiddens) -> str:
-    """What the bundle lacks of the request ("" if nothing), read from its index on the CPU,
-    so that a missing point costs no device time."""
-    points, unreadable = bundle_points(path)
-    if unreadable:
-        return unreadable
-    have = {(p["config"]["top_k"], p["config"]["hidden"]) for p in points
-            if p["family"] == "moe_combine" and p["config"].get("dtype") == "bfloat16"}
-    lack = sorted((k, h) for k in top_ks for h in hiddens if (k, h) not in have)
-    if not lack:
-        return ""
-    return ("no bf16 moe_combine point of (top_k, hidden) "
-            f"{', '.join(f'({k}, {h})' for k, h in lack)}; it has {sorted(have) or 'none'}")
 
 
 def main(argv=None) -> None:
@@ -84,12 +73,7 @@ def main(argv=None) -> None:
 
     from bench_moe import torch_combine
 
-    from rose_aot import open_bundle
-
-    bundles = {}
-    for label, path in args.bundles:
-        bundles[label] = open_bundle(path)
-        bundles[label].preload()
+    bundles = preloaded_bundles(args.bundles)
     compiled = compile_per_shape(torch_combine)
     forced = [(f"{label}:{v}", label, v) for label in bundles for v in args.force]
     for top_k in args.top_k:
@@ -117,14 +101,10 @@ def main(argv=None) -> None:
                         **{k: (lambda hd=hd: hd(y, pos, w, out)) for k, hd in handles.items()},
                         **{col: (lambda hd=handles[label], v=v: hd(y, pos, w, out, variant=v))
                            for col, label, v in forced}}
-                times = {k: [] for k in runs}
-                for rnd in range(args.rounds):
-                    order = list(runs) if rnd % 2 == 0 else list(runs)[::-1]
-                    for k in order:
-                        times[k].append(bench_us(runs[k], rep_ms=30))
+                times = median_in_rounds(runs, args.rounds)
                 plans = ",".join(f"{k}:{hd.plan(y, pos, w, out)[0].variant}"
                                  for k, hd in handles.items())
-                line = " ".join(f"{k}={statistics.median(v):8.2f}" for k, v in times.items())
+                line = " ".join(f"{k}={v:8.2f}" for k, v in times.items())
                 print(f"K={top_k} h={h:5d} T={t:5d} {line} plan={plans}", flush=True)
 
 

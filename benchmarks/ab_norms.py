@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import bench_us, bundle_points, compile_per_shape, int_list  # noqa: E402
+from common import (  # noqa: E402
+    compile_per_shape,
+    int_list,
+    median_in_rounds,
+    missing_points,
+    preloaded_bundles,
+)
 
 # rms_norm's plan choices (RmsNorm.plan_choices); where a bundle lacks one (decode_late, mid), the
 # plan launches the decode variant in its place
@@ -38,6 +43,15 @@ def labelled_bundle(text: str) -> tuple[str, str]:
     if not os.path.isfile(path):
         raise argparse.ArgumentTypeError(f"{path}: no such bundle file")
     return label, path
+
+
+def check_labels_and_rounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks every A/B script makes of its LABEL=BUNDLE list and --rounds."""
+    labels = [label for label, _ in args.bundles]
+    if len(set(labels)) != len(labels):
+        parser.error(f"labels repeat: {labels}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,11 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "columns LABEL:VARIANT; default: the first bundle's decode variant "
                              "only, as 'decode')")
     args = parser.parse_args(argv)
-    labels = [label for label, _ in args.bundles]
-    if len(set(labels)) != len(labels):
-        parser.error(f"labels repeat: {labels}")
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    check_labels_and_rounds(parser, args)
     # plain first, then fused: the order of the lines main() prints
     args.fused = [bool(int(f)) for f in args.fused.split(",")]
     args.force = [v for v in args.force.split(",") if v]
@@ -68,25 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--force takes rms_norm's variants, {', '.join(FORCEABLE[:-1])} and "
                      f"{FORCEABLE[-1]} (got {args.force})")
     for label, path in args.bundles:
-        lacking = missing_points(path, args.hidden, args.fused)
+        lacking = missing_points(path, "rms_norm", ("hidden", "fused_residual"),
+                                 [(h, f) for h in args.hidden for f in args.fused])
         if lacking:
             parser.error(f"{label}={path}: {lacking}")
     return args
-
-
-def missing_points(path: str, hiddens, fused) -> str:
-    """What the bundle lacks of the request ("" if nothing), read from its index on the CPU,
-    so that a missing point costs no device time."""
-    points, unreadable = bundle_points(path)
-    if unreadable:
-        return unreadable
-    have = {(p["config"]["hidden"], p["config"]["fused_residual"]) for p in points
-            if p["family"] == "rms_norm"}
-    lack = sorted((h, f) for h in hiddens for f in fused if (h, f) not in have)
-    if not lack:
-        return ""
-    return ("no rms_norm point of (hidden, fused_residual) "
-            f"{', '.join(f'({h}, {f})' for h, f in lack)}; it has {sorted(have) or 'none'}")
 
 
 def main(argv=None) -> None:
@@ -95,12 +91,7 @@ def main(argv=None) -> None:
 
     from bench_norms import EPS, fused_rms_norm_torch, rms_norm_torch
 
-    from rose_aot import open_bundle
-
-    bundles = {}
-    for label, path in args.bundles:
-        bundles[label] = open_bundle(path)
-        bundles[label].preload()
+    bundles = preloaded_bundles(args.bundles)
     compiled = compile_per_shape(rms_norm_torch)
     compiled_fused = compile_per_shape(fused_rms_norm_torch)
     try:
@@ -140,12 +131,8 @@ def main(argv=None) -> None:
                 runs = {**peers, **{k: (lambda h=h: h(*call)) for k, h in handles.items()},
                         **{col: (lambda h=handles[label], v=v: h(*call, variant=v))
                            for col, label, v in forced}}
-                times = {k: [] for k in runs}
-                for rnd in range(args.rounds):
-                    order = list(runs) if rnd % 2 == 0 else list(runs)[::-1]
-                    for k in order:
-                        times[k].append(bench_us(runs[k], rep_ms=30))
-                line = " ".join(f"{k}={statistics.median(v):8.2f}" for k, v in times.items())
+                times = median_in_rounds(runs, args.rounds)
+                line = " ".join(f"{k}={v:8.2f}" for k, v in times.items())
                 print(f"fused={int(fused)} h={h:5d} T={t:6d} {line}", flush=True)
 
 

@@ -87,6 +87,47 @@ def bundle_points(path: str) -> tuple[list[dict], str]:
 _L2_RESET_UNSUPPORTED = False
 
 
+def missing_points(path: str, family: str, fields: tuple[str, ...], wanted, *,
+                   keep=None, what: str | None = None) -> str:
+    """What the bundle at `path` lacks of `wanted` (tuples of the values of config `fields`) among
+    its `family` points, those `keep(config)` accepts ("" if nothing): read from its index on
+    the CPU, so that an A/B script refuses a bundle before it costs device time."""
+    points, unreadable = bundle_points(path)
+    if unreadable:
+        return unreadable
+    have = {tuple(p["config"][f] for f in fields) for p in points
+            if p["family"] == family and (keep is None or keep(p["config"]))}
+    lack = sorted(w for w in set(wanted) if w not in have)
+    if not lack:
+        return ""
+    return (f"no {what or family} point of ({', '.join(fields)}) "
+            f"{', '.join(str(w) for w in lack)}; it has {sorted(have) or 'none'}")
+
+
+def preloaded_bundles(labelled) -> dict:
+    """{label: the bundle at path, opened and preloaded on the current device} for an A/B's
+    (label, path) pairs."""
+    from rose_aot import open_bundle
+
+    bundles = {}
+    for label, path in labelled:
+        bundles[label] = open_bundle(path)
+        bundles[label].preload()
+    return bundles
+
+
+def median_in_rounds(runs: dict, rounds: int, rep_ms: int = 30) -> dict[str, float]:
+    """Each run's median CUDA-graph time (µs) over `rounds` rounds, the runs timed in turn and in
+    the reverse order every other round (an A/B in one process)."""
+    import statistics
+
+    times = {k: [] for k in runs}
+    for rnd in range(rounds):
+        for k in (list(runs) if rnd % 2 == 0 else list(runs)[::-1]):
+            times[k].append(bench_us(runs[k], rep_ms=rep_ms))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def reset_l2_priorities() -> None:
     """Return every L2 line that an earlier kernel kept with an evict_last hint (PTX createpolicy,
     Triton's eviction_policy="evict_last", rose-aot's hinted variants) to normal priority
