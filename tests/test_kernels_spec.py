@@ -285,7 +285,8 @@ def _plan(family, config, arch, sizes, force=None):
 
 def _variant(family, config, arch, tokens) -> str:
     """The variant planned at `tokens`; rms_norm's decode_late (decode's block with the late
-    PDL trigger, a stage of the decode range: test_rms_norm_decode_late_*) counts as decode."""
+    PDL trigger, a stage of the decode range: test_rms_norm_decode_launches_past_2048_threads_*)
+    counts as decode."""
     (launch,) = _plan(family, config, arch, {"tokens": tokens})
     return "decode" if launch.variant == "decode_late" else launch.variant
 
@@ -499,7 +500,7 @@ def test_rms_norm_wide_rows_take_mid_between_decode_and_64_mib(values, last_deco
     arch = get_arch("sm_90a")
     variants = _variants(family, config, arch)
     row_bytes = config.hidden * (4 if config.dtype == "float32" else 2)
-    # rows under 13 KiB also have decode_late (test_rms_norm_decode_late_*)
+    # rows under 13 KiB also have decode_late (test_rms_norm_decode_launches_past_2048_threads_*)
     assert list(variants) == (["decode", "mid", "prefill"] if row_bytes >= 13 << 10
                               else ["decode", "decode_late", "mid", "prefill"])
     mid = variants["mid"]

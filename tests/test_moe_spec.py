@@ -425,6 +425,22 @@ def test_combine_plan_takes_the_variant_the_sweep_measured_fastest():
     assert wide.constants["chunks"] == 7  # 896 vectors, 128 per one-warp block
 
 
+@pytest.mark.parametrize("top_k", [2, 8])
+def test_combine_records_without_split_block_late_plan_split_block_as_built(top_k):
+    """A bundle built before split_block_late (its records hold split_block, with the trigger
+    at the top) launches split_block wherever the plan takes that shape, forced
+    split_block_late included, never a variant it lacks."""
+    c = COMBINE.make_config(top_k=top_k, hidden=7168)
+    a = ARCHS["sm_90a"]
+    built_before = {n: v for n, v in _variants(COMBINE, c, a).items() if n != "split_block_late"}
+    for tokens in (38, 64, 73, 74, 131):
+        (launch,) = COMBINE.plan(c, built_before, {"tokens": tokens}, a.sm_count)
+        assert (launch.variant, launch.grid) == ("split_block", (tokens * 7, 1, 1)), tokens
+        (launch,) = COMBINE.plan(c, built_before, {"tokens": tokens}, a.sm_count,
+                                 "split_block_late")
+        assert launch.variant == "split_block"
+
+
 @pytest.mark.parametrize("hidden", [1024, 7168])
 @pytest.mark.parametrize("force", COMBINE.plan_choices)
 def test_combine_every_variant_can_be_forced_at_any_size(force, hidden):
