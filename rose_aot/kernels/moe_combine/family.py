@@ -134,6 +134,11 @@ class MoeCombine(KernelFamily):
         split_block = split_variant("split_block", tuning.SPLIT_BLOCK_WARPS, 1)
         return (decode, prefill, split, split_wide, split_block, split_block_late)
 
+    def sample_sizes(self, c: MoeCombineConfig) -> list[dict[str, int]]:
+        # the base sizes, and 16 / 64 / 131 tokens: split_wide, split_block_late and, at wide
+        # rows, split_block beyond its twin's PDL limit on a 132-SM device
+        return [{"tokens": t} for t in (1, 7, 16, 64, 131, 1024, 65536)]
+
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
         tokens = sizes["tokens"]

@@ -215,6 +215,11 @@ class RmsNorm(KernelFamily):
     def op_suffix(self, c: RmsNormConfig) -> str:
         return "_residual" if c.fused_residual else ""
 
+    def sample_sizes(self, c: RmsNormConfig) -> list[dict[str, int]]:
+        # the base sizes, and 64 / 256 tokens: decode_late (a launch of 8192 threads or more),
+        # mid (past the grid rule of the 8-12 KiB rows)
+        return [{"tokens": t} for t in (1, 7, 64, 256, 1024, 65536)]
+
     def plan(self, c, variants, sizes, sm_count, force=None):
         self.check_force(force)
         tokens = sizes["tokens"]
