@@ -433,6 +433,30 @@ def test_bundle_whose_launch_facts_disagree_with_the_spec_is_refused(
     assert str(eager.value) == str(info.value)
 
 
+def test_a_plan_branch_the_record_check_does_not_reach_is_refused_as_the_check_would(
+        shipped_build, tmp_path):
+    """The record check runs each plan at its family's sample sizes only. moe_combine's decode
+    (132-528 tokens of top-8 at hidden 4096 on 132 SMs) is past them: a crafted record whose
+    decode lacks a constant the plan reads there opens, and a call of that size raises the
+    record check's BundleError, not a KeyError."""
+    def change(index, blobs):
+        for point in index["points"]:
+            if point["family"] == "moe_combine" and point["config"]["top_k"] == 8 \
+                    and point["config"]["hidden"] == 4096 and point["arch"] == "sm_90a":
+                decode = next(v for v in point["variants"] if v["name"] == "decode")
+                del decode["constants"]["rows_per_block"]
+
+    path = _rewrite(shipped_build.path, tmp_path / "tampered.rosebundle", change)
+    bundle = open_bundle(path)
+    bundle.check_records("sm_90a")  # the sample sizes do not reach decode
+    handle = bundle.kernel("moe_combine", top_k=8, hidden=4096)
+    record = bundle.record(handle.key, "sm_90a")
+    assert handle._plan(record, {"tokens": 7}, 132, None)[0].variant == "split"
+    with pytest.raises(BundleError, match="launch plan does not understand the record") as info:
+        handle._plan(record, {"tokens": 200}, 132, None)
+    assert str(path) in str(info.value) and "rows_per_block" in str(info.value)
+
+
 def _break_top8_split_wide(index, blobs):
     """A record only a forced plan misreads: moe_combine's top-8 points without split_wide's
     `chunks`, which their plan reads only when split_wide is forced (it picks that variant for

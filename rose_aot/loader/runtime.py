@@ -801,7 +801,26 @@ class KernelHandle:
         if variant is not None:
             self.bundle.check_forced_plans(self.key, self._device_arch[device])
         sizes = {n: dims[n] for n in self.family.size_names}
-        return self.family.plan(self.config, record.by_name, sizes, sm_count, variant)
+        return self._plan(record, sizes, sm_count, variant)
+
+    def _plan(self, record: PointRecord, sizes: dict, sm_count: int, variant: str | None):
+        """The family's plan on the record, each launch's variant and entry looked up in it.
+        The record check at the arch's first use runs the plan at the family's sample sizes;
+        a branch those do not reach, misreading a crafted record, raises the same BundleError
+        here instead of a KeyError at a launch."""
+        try:
+            plan = self.family.plan(self.config, record.by_name, sizes, sm_count, variant)
+            for launch in plan:
+                record.variant(launch.variant).entries[launch.entry]
+        except (KeyError, IndexError, TypeError) as exc:
+            if isinstance(exc, RoseAotError):
+                raise
+            raise BundleError(
+                f"{self.bundle.path}: this rose-aot's {self.family.name} launch plan does not "
+                f"understand the record of point {self.key!r:.200} at {sizes} "
+                f"({type(exc).__name__}: {exc}); {_REBUILD} from this rose-aot version"
+            ) from None
+        return plan
 
     def _resolve(self, device: int, sizes: tuple, variant: str | None) -> tuple:
         """The plan for (device, sizes): per launch (packer, variant name, prepared driver
@@ -809,9 +828,7 @@ class KernelHandle:
         record, _, packers, _, sm_count = self._state(device)
         if variant is not None:
             self.bundle.check_forced_plans(self.key, self._device_arch[device])
-        plan = self.family.plan(
-            self.config, record.by_name, dict(zip(self.family.size_names, sizes)), sm_count, variant
-        )
+        plan = self._plan(record, dict(zip(self.family.size_names, sizes)), sm_count, variant)
         resolved = []
         for launch in plan:
             v = record.variant(launch.variant)
