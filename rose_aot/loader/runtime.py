@@ -79,6 +79,16 @@ def open_bundle(path, *, use_ptx: bool = False, trusted_keys=None) -> "KernelBun
     return KernelBundle(reader, use_ptx=use_ptx, check_artifacts=False)
 
 
+def _plan_in_record(family, config, variants: dict, sizes: dict, sm_count: int,
+                    force: str | None) -> tuple:
+    """The family's plan on a record's variants, each launch's variant and entry looked up in
+    them: KeyError, IndexError or TypeError where the plan misreads the record."""
+    plan = family.plan(config, variants, sizes, sm_count, force)
+    for launch in plan:
+        variants[launch.variant].entries[launch.entry]
+    return plan
+
+
 class KernelBundle:
     """The kernels of one verified bundle, loaded per device on demand.
 
@@ -273,8 +283,7 @@ class KernelBundle:
         try:
             for force in forces:
                 for sizes in family.sample_sizes(config):
-                    for launch in family.plan(config, variants, sizes, arch.sm_count, force):
-                        variants[launch.variant].entries[launch.entry]
+                    _plan_in_record(family, config, variants, sizes, arch.sm_count, force)
         except (KeyError, IndexError, TypeError) as exc:
             raise BundleError(
                 f"{where}: this rose-aot's {family.name} launch plan does not understand the "
@@ -809,9 +818,8 @@ class KernelHandle:
         a branch those do not reach, misreading a crafted record, raises the same BundleError
         here instead of a KeyError at a launch."""
         try:
-            plan = self.family.plan(self.config, record.by_name, sizes, sm_count, variant)
-            for launch in plan:
-                record.variant(launch.variant).entries[launch.entry]
+            return _plan_in_record(self.family, self.config, record.by_name, sizes, sm_count,
+                                   variant)
         except (KeyError, IndexError, TypeError) as exc:
             if isinstance(exc, RoseAotError):
                 raise
@@ -820,7 +828,6 @@ class KernelHandle:
                 f"understand the record of point {self.key!r:.200} at {sizes} "
                 f"({type(exc).__name__}: {exc}); {_REBUILD} from this rose-aot version"
             ) from None
-        return plan
 
     def _resolve(self, device: int, sizes: tuple, variant: str | None) -> tuple:
         """The plan for (device, sizes): per launch (packer, variant name, prepared driver
