@@ -25,9 +25,9 @@ from ab_norms import check_labels_and_rounds, labelled_bundle  # noqa: E402
 from common import (  # noqa: E402
     compile_per_shape,
     int_list,
-    median_in_rounds,
     missing_points,
     preloaded_bundles,
+    print_medians,
 )
 
 # moe_combine's plan choices (MoeCombine.plan_choices); split_block and split_block_late, where a
@@ -101,11 +101,10 @@ def main(argv=None) -> None:
                         **{k: (lambda hd=hd: hd(y, pos, w, out)) for k, hd in handles.items()},
                         **{col: (lambda hd=handles[label], v=v: hd(y, pos, w, out, variant=v))
                            for col, label, v in forced}}
-                times = median_in_rounds(runs, args.rounds)
                 plans = ",".join(f"{k}:{hd.plan(y, pos, w, out)[0].variant}"
                                  for k, hd in handles.items())
-                line = " ".join(f"{k}={v:8.2f}" for k, v in times.items())
-                print(f"K={top_k} h={h:5d} T={t:5d} {line} plan={plans}", flush=True)
+                print_medians(f"K={top_k} h={h:5d} T={t:5d}", runs, args.rounds,
+                              f" plan={plans}")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import (  # noqa: E402
     compile_per_shape,
     int_list,
-    median_in_rounds,
     missing_points,
     preloaded_bundles,
+    print_medians,
 )
 
 # rms_norm's plan choices (RmsNorm.plan_choices); where a bundle lacks one (decode_late, mid), the
@@ -131,9 +131,7 @@ def main(argv=None) -> None:
                 runs = {**peers, **{k: (lambda h=h: h(*call)) for k, h in handles.items()},
                         **{col: (lambda h=handles[label], v=v: h(*call, variant=v))
                            for col, label, v in forced}}
-                times = median_in_rounds(runs, args.rounds)
-                line = " ".join(f"{k}={v:8.2f}" for k, v in times.items())
-                print(f"fused={int(fused)} h={h:5d} T={t:6d} {line}", flush=True)
+                print_medians(f"fused={int(fused)} h={h:5d} T={t:6d}", runs, args.rounds)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,14 @@ def median_in_rounds(runs: dict, rounds: int, rep_ms: int = 30) -> dict[str, flo
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def print_medians(prefix: str, runs: dict, rounds: int, suffix: str = "") -> None:
+    """One line of an A/B script: `prefix`, each run's median_in_rounds time as LABEL=µs, then
+    `suffix`."""
+    times = median_in_rounds(runs, rounds)
+    line = " ".join(f"{label}={us:8.2f}" for label, us in times.items())
+    print(f"{prefix} {line}{suffix}", flush=True)
+
+
 def reset_l2_priorities() -> None:
     """Return every L2 line that an earlier kernel kept with an evict_last hint (PTX createpolicy,
     Triton's eviction_policy="evict_last", rose-aot's hinted variants) to normal priority

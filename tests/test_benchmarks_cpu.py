@@ -537,27 +537,43 @@ def test_ab_norms_forces_every_plan_choice_of_rms_norm():
     assert ab_norms.FORCEABLE == get_family("rms_norm").plan_choices
 
 
-@pytest.mark.parametrize("args, message", [
-    (["base"], "write LABEL=BUNDLE"),
-    (["a=no-such.rosebundle"], "no such bundle file"),
-    (["a=SHIPPED", "a=SHIPPED"], "labels repeat"),
-    (["a=SHIPPED", "--rounds", "0"], "--rounds must be at least 1"),
-    (["a=SHIPPED", "--force", "split,fast"],
+@pytest.mark.parametrize("script, args, message", [
+    ("ab_combine.py", ["base"], "write LABEL=BUNDLE"),
+    ("ab_combine.py", ["a=no-such.rosebundle"], "no such bundle file"),
+    ("ab_combine.py", ["a=SHIPPED", "a=SHIPPED"], "labels repeat"),
+    ("ab_combine.py", ["a=SHIPPED", "--rounds", "0"], "--rounds must be at least 1"),
+    ("ab_combine.py", ["a=SHIPPED", "--force", "split,fast"],
      "--force takes moe_combine's variants decode, prefill, split, split_wide, split_block, "
      "split_block_late (got fast)"),
-    (["a=SHIPPED", "--top-k", "3", "--hidden", "2048"],
+    ("ab_combine.py", ["a=SHIPPED", "--top-k", "3", "--hidden", "2048"],
      "no bf16 moe_combine point of (top_k, hidden) (3, 2048); it has ["),
-    (["a=SHIPPED", "--tokens", "x"], "is not a comma-separated list of positive integers"),
-    (["a=README.md"], "not a readable bundle"),
+    ("ab_combine.py", ["a=SHIPPED", "--tokens", "x"],
+     "is not a comma-separated list of positive integers"),
+    ("ab_combine.py", ["a=README.md"], "not a readable bundle"),
+    ("ab_qk_norm.py", ["base"], "write LABEL=BUNDLE"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "a=SHIPPED"], "labels repeat"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--rounds", "0"], "--rounds must be at least 1"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--heads", "32/4"], "'32/4': write Q/K/D"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--heads", "32/0/128"], "heads and head dim must be positive"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--heads", "3/1/128"],
+     "no qk_norm point of (num_q_heads, num_k_heads, head_dim) (3, 1, 128); it has ["),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--force", "b:pdl"], "no bundle labelled 'b'"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--force", "a:"], "name a variant"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--heads", "32/4/128", "--force", "fast"],
+     "qk_norm 32/4/128 has no variant fast; it has ['decode', 'pdl', 'pdl_late', 'prefill']"),
+    ("ab_qk_norm.py", ["a=SHIPPED", "--tokens", "0"],
+     "is not a comma-separated list of positive integers"),
+    ("ab_qk_norm.py", ["a=README.md"], "not a readable bundle"),
 ])
-def test_ab_combine_refuses_bad_bundles_before_any_gpu_work(args, message, shipped_bundle_path):
+def test_ab_scripts_refuse_bad_input_before_any_gpu_work(script, args, message,
+                                                         shipped_bundle_path):
     """Exit 2 with one argparse line, before torch looks for a GPU (this machine has none)."""
     import subprocess
 
     args = [a.replace("SHIPPED", str(shipped_bundle_path)).replace(
         "README.md", os.path.join(ROOT, "README.md")) for a in args]
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_combine.py"),
-                          *args], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, (
         run.stderr[-500:])
 

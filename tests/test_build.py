@@ -157,7 +157,8 @@ def test_qk_norm_ptx_is_vectorized_shuffled_and_register_only(head_dim, arch):
     config, compiled = _compiled("qk_norm", values, arch)
     variants = {v.name: v for v in get_family("qk_norm").variants(config, get_arch(arch))}
     records = compiled.record.by_name
-    assert set(variants) == set(records) == set(compiled.artifacts) == {"decode", "prefill"}
+    assert set(variants) == set(records) == set(compiled.artifacts) == {"decode", "prefill",
+                                                                        "pdl", "pdl_late"}
     # bf16 heads of 64, 128 and 256 elements are whole 32-byte vectors: sm_100a moves 256 bits
     # (v8.b32) per access, sm_90a 128 bits (v4.b32).
     bits = 256 if arch == "sm_100a" else 128
@@ -250,16 +251,20 @@ def test_rms_norm_prefill_loads_carry_the_cache_policy(hidden, fused, arch):
      {"decode"}, {"decode_late"}),
     ("rms_norm", (("hidden", 8192), ("dtype", "bfloat16"), ("fused_residual", True)),
      set(), {"decode"}),
+    ("rms_norm", (("hidden", 512), ("dtype", "bfloat16"), ("fused_residual", True)),
+     {"decode"}, {"decode_late"}),
     ("moe_combine", (("top_k", 8), ("hidden", 7168)),
      {"decode", "split", "split_wide", "split_block"}, {"split_block_late"}),
-], ids=["rms_norm-4096", "rms_norm-8192-fused", "moe_combine"])
+    ("qk_norm", (("num_q_heads", 32), ("num_k_heads", 4), ("head_dim", 128)),
+     {"pdl"}, {"pdl_late"}),
+], ids=["rms_norm-4096", "rms_norm-8192-fused", "rms_norm-512-fused", "moe_combine", "qk_norm"])
 def test_pdl_variants_trigger_the_next_kernel_early_or_after_their_stores(family_name, values,
                                                                           early, late):
     """In the PTX, a variant with PDL waits for the previous grid before its first global load;
     the early ones let the next kernel launch before that wait, the late ones (rms_norm's
-    decode_late and the decode of rows of 13 KiB and more, moe_combine's split_block_late) after
-    their last global store; the others (prefill, mid) carry no griddepcontrol instruction. The
-    records say the same (pdl_late)."""
+    decode_late and the decode of rows of 13 KiB and more, moe_combine's split_block_late,
+    qk_norm's pdl_late) after their last global store; the others (prefill, mid, qk_norm's
+    decode) carry no griddepcontrol instruction. The records say the same (pdl_late)."""
     config, compiled = _compiled(family_name, values, "sm_90a")
     variants = {v.name: v for v in get_family(family_name).variants(config, get_arch("sm_90a"))}
     for name, (ptx, _cubin) in compiled.artifacts.items():

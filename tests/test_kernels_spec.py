@@ -22,6 +22,7 @@ import pytest
 from rose_aot.archs import ARCHS, get_arch
 from rose_aot.errors import ConfigError
 from rose_aot.kernels import FAMILIES, config_digest, config_json, get_family, point_key
+from rose_aot.kernels.qk_norm import tuning as qk_tuning
 from rose_aot.manifest import load_manifests
 from rose_aot.kernels.spec import (
     DTYPES,
@@ -283,12 +284,16 @@ def _plan(family, config, arch, sizes, force=None):
     return family.plan(config, _variants(family, config, arch), sizes, arch.sm_count, force)
 
 
+# Variants that are another's block with programmatic dependent launch, stages of its range:
+# rms_norm's decode_late (test_rms_norm_decode_launches_past_2048_threads_trigger_*), qk_norm's
+# pdl and pdl_late (test_qk_norm_small_launches_take_the_prefill_blocks_pdl_twins).
+PDL_TWIN_OF = {"decode_late": "decode", "pdl": "prefill", "pdl_late": "prefill"}
+
+
 def _variant(family, config, arch, tokens) -> str:
-    """The variant planned at `tokens`; rms_norm's decode_late (decode's block with the late
-    PDL trigger, a stage of the decode range: test_rms_norm_decode_launches_past_2048_threads_*)
-    counts as decode."""
+    """The variant planned at `tokens`, a PDL twin counted as the variant whose block it is."""
     (launch,) = _plan(family, config, arch, {"tokens": tokens})
-    return "decode" if launch.variant == "decode_late" else launch.variant
+    return PDL_TWIN_OF.get(launch.variant, launch.variant)
 
 
 def _switch_point(family, config, arch) -> int | None:
@@ -328,8 +333,8 @@ def test_plan_switches_once_from_decode_to_prefill(family_name, values, arch_nam
     family = get_family(family_name)
     config = family.make_config(**values)
     arch = get_arch(arch_name)
-    assert {v.name for v in family.variants(config, arch)} - {"decode_late"} == {"decode",
-                                                                               "prefill"}
+    assert {v.name for v in family.variants(config, arch)} - set(PDL_TWIN_OF) == {"decode",
+                                                                                "prefill"}
     switch = _switch_point(family, config, arch)
     # More SMs on the target never end the decode range earlier.
     previous = 1
@@ -395,9 +400,9 @@ def test_rms_norm_takes_the_hinted_block_from_32_mib_per_call(values, switch):
 ], ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
 def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, rows):
     """Rows of 1-2 warps decode in the prefill block's shape, several rows to a 4-warp block,
-    without its cache hints and keeping x in registers, and without PDL (rms_norm/tuning.py:
-    one-row blocks of one or two warps made a grid the SMs take in too slowly: plain 512 x
-    4096 3.77 -> 2.79 µs). A config's prefill_warps leaves decode's block alone."""
+    without its cache hints and keeping x in registers (rms_norm/tuning.py: one-row blocks of
+    one or two warps made a grid the SMs take in too slowly: plain 512 x 4096 3.77 -> 2.79 µs).
+    A config's prefill_warps leaves decode's block alone."""
     family = get_family("rms_norm")
     arch = get_arch("sm_90a")
     for prefill_warps in (0, 16):
@@ -407,12 +412,10 @@ def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, r
         assert decode.constants["rows_per_block"] == rows
         assert decode.block == (32 * decode.constants["warps_per_row"] * rows, 1, 1)
         assert (decode.constants["cache_hints"], decode.constants["reload_x"]) == (0, 0)
-        if rows > 1:
-            assert decode.pdl == 0
-    # and the plan launches one block per `rows` tokens
+    # and the plan launches one block per `rows` tokens (3001: past decode_late's 65536 threads)
     config = family.make_config(**values)
-    (launch,) = _plan(family, config, arch, {"tokens": 1001})
-    assert launch.variant == "decode" and launch.grid == (-(-1001 // rows), 1, 1)
+    (launch,) = _plan(family, config, arch, {"tokens": 3001})
+    assert launch.variant == "decode" and launch.grid == (-(-3001 // rows), 1, 1)
 
 
 @pytest.mark.parametrize("values, decode_first, prefill_first, mid", [
@@ -452,10 +455,11 @@ def test_rms_norm_records_of_one_row_decode_blocks_still_plan_decode_throughout(
     family = get_family("rms_norm")
     config = family.make_config(hidden=512)
     arch = get_arch("sm_90a")
-    variants = _variants(family, config, arch)
+    # such a bundle had no PDL for these rows: no decode_late, and decode without the attribute
+    variants = {n: v for n, v in _variants(family, config, arch).items() if n != "decode_late"}
     old = variants["decode"]
     variants["decode"] = dataclasses.replace(
-        old, block=(32, 1, 1), constants={**old.constants, "rows_per_block": 1})
+        old, block=(32, 1, 1), constants={**old.constants, "rows_per_block": 1}, pdl=0)
     for tokens in (1, 528, 16384, MAX_TOKENS):
         (launch,) = family.plan(config, variants, {"tokens": tokens}, arch.sm_count)
         assert (launch.variant, launch.grid) == ("decode", (tokens, 1, 1))
@@ -549,8 +553,13 @@ def test_rms_norm_records_without_the_8_to_12_kib_mid_plan_as_built(values, swit
 
 
 # (config values, whether its rows trigger late at every size: rows of at least 13 KiB)
+# (config values, whether its rows trigger late at every size: rows of at least 13 KiB)
 RMS_NORM_LATE_PDL = [
-    (dict(hidden=2048), False),  # 4 warps, 4 KiB: the narrowest rows with PDL
+    (dict(hidden=128), False),  # 4 rows of half a warp to a block
+    (dict(hidden=512), False),  # 4 rows of one warp
+    (dict(hidden=1024), False),  # 2 rows of two warps
+    (dict(hidden=1536, fused_residual=True), False),  # one row of 3 warps
+    (dict(hidden=2048), False),  # 4 warps, 4 KiB
     (dict(hidden=3584), False),  # 7 warps
     (dict(hidden=4096, fused_residual=True), False),
     (dict(hidden=6144), False),  # 12 warps, 12 KiB
@@ -563,12 +572,12 @@ RMS_NORM_LATE_PDL = [
 @pytest.mark.parametrize("values, late_only", RMS_NORM_LATE_PDL)
 def test_rms_norm_decode_launches_past_2048_threads_trigger_the_next_kernel_late(values,
                                                                                 late_only):
-    """Decode launches of rows of 4+ warps use PDL (rms_norm/tuning.py,
-    DECODE_LATE_PDL_MAX_THREADS): up to PDL_MAX_THREADS (2048) threads `decode`, which lets
-    the next kernel launch at its top; past that, to 65536 threads, `decode_late`, the same
-    block and constants with the next kernel launched after the stores; beyond, decode without
-    the attribute. Rows of 13 KiB and more have no decode_late: their decode triggers late at
-    every size."""
+    """Decode launches use PDL (rms_norm/tuning.py, DECODE_LATE_PDL_MAX_THREADS), rows of 1-3
+    warps (blocks of up to 4 rows) too: up to PDL_MAX_THREADS (2048) threads `decode`, which
+    lets the next kernel launch at its top; past that, to 65536 threads, `decode_late`, the
+    same block and constants with the next kernel launched after the stores; beyond, decode
+    without the attribute. Rows of 13 KiB and more have no decode_late: their decode triggers
+    late at every size."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
@@ -585,7 +594,7 @@ def test_rms_norm_decode_launches_past_2048_threads_trigger_the_next_kernel_late
     assert variants["prefill"].pdl == 0 and "pdl_late" not in variants["prefill"].constants
     rows, block = decode.constants["rows_per_block"], decode.block[0]
     stages = []
-    for tokens in range(1, 1200):
+    for tokens in range(1, 4200):
         (launch,) = _plan(family, config, arch, {"tokens": tokens})
         if launch.variant not in ("decode", "decode_late"):
             continue  # past the decode range (mid, prefill: the tests above)
@@ -595,36 +604,86 @@ def test_rms_norm_decode_launches_past_2048_threads_trigger_the_next_kernel_late
         if not stages or stages[-1] != launch.variant:
             stages.append(launch.variant)
     # each stage is reached, in order (6144: decode to 5 tokens, decode_late to 170, decode to
-    # the grid rule's 352)
+    # the grid rule's 352; 512: decode to 64, decode_late to 2048, decode to 16383)
     assert stages == (["decode"] if late_only else ["decode", "decode_late", "decode"])
     # forced, decode_late launches itself where the point has it, else the decode variant
     (launch,) = _plan(family, config, arch, {"tokens": 64}, "decode_late")
     assert launch.variant == ("decode" if late_only else "decode_late")
 
 
-@pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=4096, fused_residual=True)])
+@pytest.mark.parametrize("values", [
+    dict(num_q_heads=32, num_k_heads=4, head_dim=128),  # 8 heads per 4-warp block
+    dict(num_q_heads=64, num_k_heads=4, head_dim=128),
+    dict(num_q_heads=8, num_k_heads=4, head_dim=256, dtype="float32"),  # 2 heads per warp
+    dict(num_q_heads=1, num_k_heads=1, head_dim=64),  # 16 heads per block
+])
+def test_qk_norm_small_launches_take_the_prefill_blocks_pdl_twins(values):
+    """On the H200 qk_norm launches the prefill block at every size (tuning.py); its launches
+    of up to 6144 threads take `pdl` (the next kernel launched at its top), to 65536 `pdl_late`
+    (after its stores), beyond prefill, which has no griddepcontrol. The twins are prefill's
+    block, constants and parameters; forced, each launches itself."""
+    family = get_family("qk_norm")
+    config = family.make_config(**values)
+    arch = get_arch("sm_90a")
+    variants = _variants(family, config, arch)
+    prefill, early, late = variants["prefill"], variants["pdl"], variants["pdl_late"]
+    assert (prefill.pdl, variants["decode"].pdl) == (0, 0)
+    assert early.pdl == qk_tuning.PDL_EARLY_MAX_THREADS == 6144
+    assert late.pdl == qk_tuning.PDL_LATE_MAX_THREADS == 65536
+    assert early.constants == prefill.constants
+    assert late.constants == {**prefill.constants, "pdl_late": 1}
+    for twin in (early, late):
+        assert (twin.block, twin.smem, twin.params) == (prefill.block, prefill.smem, prefill.params)
+    per_block = prefill.constants["heads_per_block"]
+    heads_per_token = config.num_q_heads + config.num_k_heads
+    stages = []
+    for tokens in [*range(1, 3000), *range(3000, 20000, 7)]:
+        (launch,) = _plan(family, config, arch, {"tokens": tokens})
+        blocks = -(-tokens * heads_per_token // per_block)
+        threads = blocks * prefill.block[0]
+        want = "pdl" if threads <= 6144 else "pdl_late" if threads <= 65536 else "prefill"
+        assert (launch.variant, launch.grid) == (want, (blocks, 1, 1)), tokens
+        if not stages or stages[-1] != want:
+            stages.append(want)
+    assert stages == ["pdl", "pdl_late", "prefill"]
+    for name in family.plan_choices:
+        (launch,) = _plan(family, config, arch, {"tokens": 4}, name)
+        assert launch.variant == name
+
+
+def test_qk_norm_records_without_pdl_twins_plan_prefill_as_built():
+    """A bundle built before the twins (decode and prefill only) plans prefill at every size on
+    the H200, and a twin forced there launches prefill, the variant it would replace."""
+    family = get_family("qk_norm")
+    config = family.make_config(num_q_heads=32, num_k_heads=4, head_dim=128)
+    arch = get_arch("sm_90a")
+    built_before = {n: v for n, v in _variants(family, config, arch).items()
+                    if n in ("decode", "prefill")}
+    for tokens in (1, 16, 64, 1024):
+        for force in (None, "pdl", "pdl_late", "prefill"):
+            (launch,) = family.plan(config, built_before, {"tokens": tokens}, arch.sm_count,
+                                    force)
+            assert launch.variant == "prefill", (tokens, force)
+    (launch,) = family.plan(config, built_before, {"tokens": 1}, arch.sm_count, "decode")
+    assert launch.variant == "decode"
+
+
+@pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=4096, fused_residual=True),
+                                    dict(hidden=512), dict(hidden=1536, fused_residual=True)])
 def test_rms_norm_records_without_decode_late_plan_decode_as_built(values):
-    """A bundle built before decode_late (records of decode with the trigger at the top to 2048
-    threads, and prefill) plans decode throughout its decode range, never a variant it lacks."""
+    """A bundle built before decode_late (records of decode, with the trigger at the top to 2048
+    threads for rows of 4+ warps and, before narrow rows had PDL, without the attribute for
+    rows of 1-3 warps; and prefill) plans decode throughout its decode range, never a variant
+    it lacks."""
     family = get_family("rms_norm")
     config = family.make_config(**values)
     arch = get_arch("sm_90a")
-    built_before = {n: v for n, v in _variants(family, config, arch).items() if n != "decode_late"}
+    variants = {n: v for n, v in _variants(family, config, arch).items() if n != "decode_late"}
+    if variants["decode"].constants["warps_per_row"] < 4:
+        variants["decode"] = dataclasses.replace(variants["decode"], pdl=0)
     for tokens in (1, 16, 17, 64, 256, 257, 512):
-        (launch,) = family.plan(config, built_before, {"tokens": tokens}, arch.sm_count)
+        (launch,) = family.plan(config, variants, {"tokens": tokens}, arch.sm_count)
         assert launch.variant == "decode", tokens
-
-
-@pytest.mark.parametrize("values", [dict(hidden=128), dict(hidden=1024),
-                                    dict(hidden=1536, fused_residual=True)])
-def test_rms_norm_rows_under_4_warps_have_no_pdl(values):
-    """Rows of 1-3 warps launch without PDL (the prologue costs every block: family.py), so
-    they have no decode_late either."""
-    family = get_family("rms_norm")
-    config = family.make_config(**values)
-    variants = _variants(family, config, get_arch("sm_90a"))
-    assert set(variants) == {"decode", "prefill"}
-    assert all(v.pdl == 0 and "pdl_late" not in v.constants for v in variants.values())
 
 
 @pytest.mark.parametrize("values", [dict(hidden=2048), dict(hidden=3840), dict(hidden=3584),

@@ -33,6 +33,9 @@ from loader_samples import shipped_samples
 
 QK = dict(num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)  # Qwen3-30B-A3B's q/k norm
 TOKENS = 5
+# A qk_norm call of QK launched without programmatic dependent launch (its prefill block past
+# 65536 threads: 200 x 36 heads in blocks of 8), so it takes the plain launch api
+PLAIN_TOKENS = 200
 BF16 = torch.bfloat16
 # Top-level modules of the DSL distribution. The wheel's .pth file imports the empty namespace
 # package nvidia_cutlass_dsl into EVERY interpreter of this venv at startup (to extend sys.path),
@@ -999,10 +1002,11 @@ def test_repeated_call_runs_the_generated_launcher_with_the_chosen_api(cpu_devic
 
     driver.set_launch_api(plain=api)
     handle = cpu_device_bundle.kernel("qk_norm", **QK)
-    q, k, wq, wk = _qk_tensors()
+    tokens = PLAIN_TOKENS
+    q, k, wq, wk = _qk_tensors(tokens)
     args = (q, k, torch.nn.Parameter(wq), wk)
     handle._state(-1)
-    ((packer, name, prepared),) = handle._resolve(-1, (TOKENS,), None)
+    ((packer, name, prepared),) = handle._resolve(-1, (tokens,), None)
     assert prepared.api == api and not prepared.attributes
     assert handle(*args) is None
     assert handle._fast_launch(args) is True
@@ -1013,7 +1017,7 @@ def test_repeated_call_runs_the_generated_launcher_with_the_chosen_api(cpu_devic
     stream = 0x77 if api == "ctypes-ex" else ("stream object", 0x77)
     assert _FakePrepared.log == [(api, function, prepared.grid, stream, want[:64])] * 2
     # A size no launcher is resolved for, and refused arguments, launch nothing here.
-    assert handle._fast_launch(tuple(_qk_tensors(TOKENS + 1))) is False
+    assert handle._fast_launch(tuple(_qk_tensors(tokens + 1))) is False
     assert handle._fast_launch((q, k, wq.double(), wk)) is False
     assert len(_FakePrepared.log) == 2
 

@@ -128,8 +128,11 @@ PROBE = textwrap.dedent(
         for v in record.variants:
             bundle._device_kernels[(-1, key, arch, v.name)] = [0xC0DE000 + 64 * i for i in range(len(v.entries))]
     gen = torch.Generator().manual_seed(0)
-    args = (torch.randn(3, 32, 128, generator=gen).to(torch.bfloat16),
-            torch.randn(3, 4, 128, generator=gen).to(torch.bfloat16),
+    # 200 tokens: a qk_norm launch without programmatic dependent launch (the prefill block past
+    # 65536 threads), so the call takes the plain api under test
+    tokens = 200
+    args = (torch.randn(tokens, 32, 128, generator=gen).to(torch.bfloat16),
+            torch.randn(tokens, 4, 128, generator=gen).to(torch.bfloat16),
             torch.randn(128, generator=gen).to(torch.bfloat16),
             torch.randn(128, generator=gen).to(torch.bfloat16))
     for api in driver.LAUNCH_APIS:
@@ -138,7 +141,7 @@ PROBE = textwrap.dedent(
         driver.set_launch_api(plain=api)
         handle = bundle.kernel("qk_norm", num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)
         handle._state(-1)
-        ((packer, name, prepared),) = handle._resolve(-1, (3,), None)
+        ((packer, name, prepared),) = handle._resolve(-1, (tokens,), None)
         before = last.calls
         handle(*args)
         got = {**seen(), "launches": last.calls - before, "api": prepared.api,

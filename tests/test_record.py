@@ -175,9 +175,10 @@ def test_swapped_blob_contents_are_refused(tmp_path, tiny_build):
     from rose_aot.loader import open_bundle
 
     def swap(blobs):
-        names = [n for n in blobs if n.startswith("rms_norm(hidden=1024") and "@sm_90a/" in n
-                 and "fused_residual=false" in n and n.endswith(".cubin")]
-        a, b = sorted(names)
+        # the point's decode and prefill cubins (it has decode_late too)
+        (a,), (b,) = ([n for n in blobs if n.startswith("rms_norm(hidden=1024") and "@sm_90a/" in n
+                       and "fused_residual=false" in n and n.endswith(f"/{variant}.cubin")]
+                      for variant in ("decode", "prefill"))
         blobs[a], blobs[b] = blobs[b], blobs[a]
 
     bad = rewrite_bundle(tiny_build.path, tmp_path / "swapped.rosebundle", edit_blobs=swap)

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from act_quant_cases import (  # noqa: E402
     compare, make_case, nvfp4_factor_rows, nvfp4_quotient_codes, poison,
 )
+from pdl_stage import pdl_stage  # noqa: E402
 
 from rose_aot import open_bundle  # noqa: E402
 from rose_aot.kernels import get_family  # noqa: E402
@@ -216,17 +217,6 @@ def test_nvfp4_multiplies_each_block_by_its_factor(bundle):
 CHAIN_TOKENS = (1, 16, 17, 128, 129)
 
 
-def _pdl_stage(handle, args, device):
-    """How the launch a call with `args` makes uses PDL: "early" (`decode`: the next kernel
-    launched at its top), "late" (`mid`: after its stores) or None (no attribute)."""
-    (launch,) = handle.plan(*args)
-    v = handle.record(device).variant(launch.variant)
-    threads = launch.grid[0] * launch.grid[1] * launch.grid[2] * v.threads
-    if not 0 < threads <= v.pdl:
-        return None
-    return "late" if v.constants.get("pdl_late") else "early"
-
-
 def _snapshot(views):
     import torch
 
@@ -234,7 +224,7 @@ def _snapshot(views):
             for k, v in views.items() if v is not None}  # no padding view: None
 
 
-def test_chains_wait_for_their_predecessor_at_every_pdl_stage(bundle):
+def test_chains_wait_for_their_predecessor_at_everypdl_stage(bundle):
     """act_and_mul writes a poisoned intermediate that the next kernel reads at once: a second
     act_and_mul and every quantizer of a 4096-wide bf16 row. Launched with the PDL attribute,
     the next kernel starts before act_and_mul ends, early or after its stores, and must wait
@@ -264,8 +254,8 @@ def test_chains_wait_for_their_predecessor_at_every_pdl_stage(bundle):
             mid = buf[:, :4096]
             args, _, views = make_case(family_name, config, tokens, seed=i)
             args = (buf if family_name == "act_and_mul" else mid, *args[1:])
-            stages.add((_pdl_stage(producer, (x, mid), device),
-                        _pdl_stage(handle, args, device)))
+            stages.add((pdl_stage(producer, (x, mid), device),
+                        pdl_stage(handle, args, device)))
 
             producer(x, mid)
             torch.cuda.synchronize()

@@ -9,13 +9,18 @@ and run where their tensors are), once per point and token count for all its var
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
-from rose_aot import open_bundle
-from rose_aot.kernels import get_family
-from rose_aot.kernels.spec import Dim, TensorArg
+sys.path.insert(0, os.path.dirname(__file__))
+
+from pdl_stage import pdl_stage  # noqa: E402
+
+from rose_aot import open_bundle  # noqa: E402
+from rose_aot.kernels import get_family  # noqa: E402
+from rose_aot.kernels.spec import Dim, TensorArg  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -171,6 +176,60 @@ def test_qk_norm_on_views_of_a_fused_qkv_buffer(bundle):
         _check("q view", qd.cpu(), expect_q, c.dtype)
         _check("k view", kd.cpu(), expect_k, c.dtype)
         assert torch.equal(qkv_dev[:, (hq + hk) * d :], v_before), "v was modified"
+
+
+# Tokens of the chain below: rms_norm 512 over 8 rows per token (4 rows to a block) triggers
+# early to 8 tokens (2048 threads), late to 256 (65536); qk_norm 32/4/128 (36 heads per token, 8
+# to a block) early to 10 tokens (6144 threads), late to 113 (65536); none beyond.
+NORM_CHAIN_TOKENS = (1, 24, 64, 200, 300)
+
+
+def test_norm_chains_wait_for_their_predecessor_at_every_pdl_stage(bundle):
+    """rms_norm (hidden 512) writes a poisoned buffer that qk_norm (32/4/128) normalizes in
+    place at once, and a second rms_norm reads qk_norm's output: launched with the PDL
+    attribute, each kernel starts before its predecessor ends, early or after its stores, and
+    must wait (griddepcontrol.wait) before it reads; an early read would see NaN or the
+    previous values and change the outputs. Each chain must equal the same calls with a device
+    synchronization between them."""
+    import torch
+
+    device = torch.cuda.current_device()
+    norm = bundle.kernel("rms_norm", hidden=512, eps=1e-6)
+    qk = bundle.kernel("qk_norm", num_q_heads=32, num_k_heads=4, head_dim=128, eps=1e-6)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    w = (1 + 0.1 * torch.randn(512, generator=gen, device="cuda")).bfloat16()
+    qw, kw = ((1 + 0.1 * torch.randn(128, generator=gen, device="cuda")).bfloat16()
+              for _ in range(2))
+    stages = set()
+    for tokens in NORM_CHAIN_TOKENS:
+        x = torch.randn(tokens * 8, 512, generator=gen, device="cuda").bfloat16()
+        k0 = torch.randn(tokens, 4, 128, generator=gen, device="cuda").bfloat16()
+        mid = torch.empty(tokens * 8, 512, dtype=torch.bfloat16, device="cuda")
+        q = mid.view(tokens, 32, 128)  # the first norm's output is qk_norm's q
+        k = torch.empty_like(k0)
+        out = torch.empty_like(mid)
+
+        def chain(sync):
+            k.copy_(k0)
+            mid.fill_(float("nan"))
+            out.fill_(float("nan"))
+            for call in (lambda: norm(x, w, mid), lambda: qk(q, k, qw, kw),
+                         lambda: norm(mid, w, out)):
+                call()
+                if sync:
+                    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            return mid.clone(), k.clone(), out.clone()
+
+        stages.add((pdl_stage(norm, (x, w, mid), device), pdl_stage(qk, (q, k, qw, kw), device)))
+        want = chain(sync=True)
+        assert not any(t.isnan().any() for t in want), tokens
+        for _ in range(20):
+            for name, got, exp in zip(("q", "k", "out"), chain(sync=False), want):
+                assert torch.equal(got, exp), f"T={tokens}: {name} differs in a PDL chain"
+    # every stage of both kernels ran
+    assert {s for s, _ in stages} == {"early", "late", None}, stages
+    assert {s for _, s in stages} == {"early", "late", None}, stages
 
 
 def test_launch_is_captured_by_cuda_graphs(bundle):

@@ -8,7 +8,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ...archs import Arch
-from ..device_utils import butterfly_sum, cutlass_dtype, pdl_prologue
+from ..device_utils import butterfly_sum, cutlass_dtype, pdl_epilogue, pdl_prologue
 from ..spec import Variant
 from .family import QkNormConfig
 
@@ -30,11 +30,12 @@ def host_function(config: QkNormConfig, variant: Variant, arch: Arch):
     wdtype = cutlass_dtype(config.weight_dtype)
     block = list(variant.block)
     pdl = variant.pdl
+    late = bool(variant.constants.get("pdl_late", 0))  # pdl_late: the next kernel after the stores
 
     @cute.kernel
     def qk_norm_kernel(mQ: cute.Tensor, mK: cute.Tensor, mQW: cute.Tensor, mKW: cute.Tensor):
         # mQ: [tokens, q_heads, head_dim], mK: [tokens, k_heads, head_dim]; weights [head_dim]
-        pdl_prologue(pdl)
+        pdl_prologue(pdl, late)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         g = bidx * heads_per_block + tidx // lanes  # global head index over (token, q|k head)
@@ -74,6 +75,7 @@ def host_function(config: QkNormConfig, variant: Variant, arch: Arch):
                 cute.autovec_copy(tXrX[None, i], gQ[(None, idx)])
             if valid and not is_q:
                 cute.autovec_copy(tXrX[None, i], gK[(None, idx)])
+        pdl_epilogue(pdl, late)
 
     @cute.jit
     def launch(

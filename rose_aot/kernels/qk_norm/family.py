@@ -5,6 +5,9 @@ statistics in fp32. A head is small (64-256 elements), so it lives inside a warp
 accesses a bf16 head of 128 needs 16 lanes, several heads share a warp, and the sum of squares is
 a butterfly shuffle over only the lanes of one head, with a round count fixed at compile time.
 Each lane group finds its (token, head), picks Q or K and the matching weight, and works in place.
+Small launches use programmatic dependent launch: up to 6144 threads the next kernel launches at
+the top of this one (`pdl`), to 65536 after its stores (`pdl_late`); both are the prefill block
+(tuning.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class QkNormConfig:
 
 class QkNorm(KernelFamily):
     name = "qk_norm"
+    plan_choices = ("decode", "prefill", "pdl", "pdl_late")
     Config = QkNormConfig
     device_module = "rose_aot.kernels.qk_norm.device"
     shape_fields = ("num_q_heads", "num_k_heads", "head_dim")
@@ -88,7 +92,7 @@ class QkNorm(KernelFamily):
         lanes = min(32, vectors)  # lanes per head
         params = tuple(a.name for a in self.args(c, arch))
 
-        def variant(name, warps, pdl=0):
+        def variant(name, warps, pdl=0, **extra):
             return Variant(
                 name,
                 (32 * warps, 1, 1),
@@ -101,15 +105,26 @@ class QkNorm(KernelFamily):
                     "vecs_per_lane": vectors // lanes,
                     "heads_per_block": 32 * warps // lanes,
                     "decode_max_warps": tuning.decode_max_warps(arch.name),
+                    **extra,
                 },
                 pdl=pdl,
             )
 
         block_warps = tuning.prefill_warps(arch.name, c.prefill_warps)
-        # No programmatic dependent launch: the plan takes the prefill variant at every size on
-        # the H200, and its griddepcontrol prologue alone (even with the launch attribute off)
-        # cost 23% at 32768 tokens (178 vs 144 µs, 2026-11-30: many small blocks).
-        return (variant("decode", 1), variant("prefill", block_warps))
+        # The prefill block has no programmatic dependent launch: its griddepcontrol prologue
+        # alone (even with the launch attribute off) cost 23% at 32768 tokens (178 vs 144 µs,
+        # 2026-11-30: many small blocks). Its small launches take one of two twins with PDL
+        # (tuning.py): `pdl` lets the next kernel launch at its top, `pdl_late` after its stores.
+        return (
+            variant("decode", 1),
+            variant("prefill", block_warps),
+            variant("pdl", block_warps, pdl=tuning.PDL_EARLY_MAX_THREADS),
+            variant("pdl_late", block_warps, pdl=tuning.PDL_LATE_MAX_THREADS, pdl_late=1),
+        )
+
+    def sample_sizes(self, c: QkNormConfig) -> list[dict[str, int]]:
+        # the base sizes, and 64 / 256 tokens: pdl_late's range for 36+ heads per token
+        return [{"tokens": t} for t in (1, 7, 64, 256, 1024, 65536)]
 
     def plan(self, c, variants, sizes, sm_count, force=None) -> tuple[Launch, ...]:
         self.check_force(force)
@@ -123,5 +138,16 @@ class QkNorm(KernelFamily):
         if decode_max < 0:  # no measurement for this arch: the seed's rule
             decode_max = sm_count
         name = force or ("decode" if warps_needed < decode_max else "prefill")
+        if force is None and name == "prefill":
+            # the prefill block's PDL twins, each to its limit (tuning.py); a bundle built
+            # before them has neither
+            threads = -(-heads // variants["prefill"].constants["heads_per_block"]) * (
+                variants["prefill"].block[0])
+            for twin in ("pdl", "pdl_late"):
+                if twin in variants and threads <= variants[twin].pdl:
+                    name = twin
+                    break
+        elif name not in variants:
+            name = "prefill"  # a twin forced where the bundle lacks it: the variant it replaces
         per_block = variants[name].constants["heads_per_block"]
         return (Launch(name, (-(-heads // per_block), 1, 1)),)

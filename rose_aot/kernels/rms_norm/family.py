@@ -16,10 +16,10 @@ weight loaded before x and x * w formed while the row's sum is exchanged; for 14
 decode block widened to 16 warps and held to 32 registers, so that 4 rows fit an SM where the
 decode variant fits 3 (the plain rows' also with the weight loaded first; tuning.py). Loaded after
 x, the weight's load waits for x's (ptxas issues it once x has arrived); some variants load it
-first (tuning.py, WEIGHT_FIRST). Decode launches of rows of 4+ warps use programmatic dependent
-launch: up to 2048 threads the next kernel launches at the top of this one; larger ones, to 65536
-threads, launch it after their stores (`decode_late`; rows of 13 KiB and more do so at every
-size in their decode variant: tuning.py, DECODE_LATE_PDL_MAX_THREADS).
+first (tuning.py, WEIGHT_FIRST). Decode launches use programmatic dependent launch: up to 2048
+threads the next kernel launches at the top of this one; larger ones, to 65536 threads, launch it
+after their stores (`decode_late`; rows of 13 KiB and more do so at every size in their decode
+variant: tuning.py, DECODE_LATE_PDL_MAX_THREADS).
 """
 
 from __future__ import annotations
@@ -154,10 +154,7 @@ class RmsNorm(KernelFamily):
 
         # Decode launches are latency-bound: programmatic dependent launch overlaps each one's
         # launch with its predecessor's tail (benchmarks/bench_pdl.py: a 20-kernel one-token
-        # chain 44.8 vs 50.0 µs). Not for rows of fewer than 4 warps: the griddepcontrol
-        # prologue costs every block, and with one-warp blocks (hidden 128) it doubled the
-        # time at 32768 tokens (1420 vs 714 µs on the H200, 2026-11-30; measured before those
-        # rows shared a block, below, and not since).
+        # chain 44.8 vs 50.0 µs).
         warps, per_thread = row_split(vectors, DECODE_BYTES_PER_THREAD // nbytes)
         # Rows of 1-2 warps share a block of DECODE_BLOCK_WARPS (tuning.py: grids of one- and
         # two-warp blocks are bound by the rate the SMs take blocks in).
@@ -167,20 +164,20 @@ class RmsNorm(KernelFamily):
         # WEIGHT_FIRST): decode of rows of one warp, of at least WEIGHT_FIRST_ROW_BYTES.
         long_row = row_bytes >= tuning.WEIGHT_FIRST_ROW_BYTES
         # Launches beyond PDL_MAX_THREADS threads use PDL with the next kernel launched after
-        # the stores (tuning.py, DECODE_LATE_PDL_MAX_THREADS): rows of at least
-        # LATE_TRIGGER_ROW_BYTES do so at every size, in one cubin; narrower rows keep the
-        # trigger at the top for the small launches (one token) and add `decode_late`.
-        pdl_rows = warps >= 4
-        late_only = pdl_rows and row_bytes >= tuning.LATE_TRIGGER_ROW_BYTES
+        # the stores (tuning.py, DECODE_LATE_PDL_MAX_THREADS; rows of 1-3 warps too, since
+        # 2026-12-02): rows of at least LATE_TRIGGER_ROW_BYTES do so at every size, in one
+        # cubin; narrower rows keep the trigger at the top for the small launches and add
+        # `decode_late`.
+        late_only = row_bytes >= tuning.LATE_TRIGGER_ROW_BYTES
         decode = variant("decode", warps, per_thread, rows,
-                         pdl=(tuning.DECODE_LATE_PDL_MAX_THREADS if late_only
-                              else PDL_MAX_THREADS if pdl_rows else 0),
+                         pdl=tuning.DECODE_LATE_PDL_MAX_THREADS if late_only else PDL_MAX_THREADS,
                          pdl_late=int(late_only),
                          weight_first=int(warps == 1 and long_row))
         decode_late = None
-        if pdl_rows and not late_only:
+        if not late_only:
             decode_late = variant("decode_late", warps, per_thread, rows,
-                                  pdl=tuning.DECODE_LATE_PDL_MAX_THREADS, pdl_late=1)
+                                  pdl=tuning.DECODE_LATE_PDL_MAX_THREADS, pdl_late=1,
+                                  weight_first=int(warps == 1 and long_row))
         low, high = tuning.MID_ROW_BYTES
         mid = None
         if low <= row_bytes <= high:

@@ -179,6 +179,26 @@ MID_BLOCK_ROW_BYTES = (8 << 10, 12 << 10)
 DECODE_LATE_PDL_MAX_THREADS = 65536
 LATE_TRIGGER_ROW_BYTES = 13 << 10
 
+# Rows of 1-3 warps (hidden <= 1536 in bf16; DeepSeek-V3's 512 and 1536 norms) had no PDL: with
+# one-warp blocks (hidden 128, before such rows shared a block) the griddepcontrol prologue had
+# doubled the time at 32768 tokens (2026-11-30). Measured again on one H200, 2026-12-02, their
+# shared 4-warp block (3 warps for hidden 1536) with the trigger at the top and after the
+# stores, forced, against the block without PDL, in one process (`python benchmarks/ab_norms.py
+# base=BUNDLE new=BUNDLE --hidden 512,1024,1536 --tokens 1,4,16,64,256 --fused 0,1 --force
+# decode_early --rounds 2`; benchmarks/results/norm-narrow-pdl-experiment-h200.md, call 2):
+# - the trigger at the top: 25-37% less time at every launch of up to 2048 threads (plain 512 x
+#   1 1.25 -> 0.79 µs, 512 x 64 1.35 -> 0.88; fused 1536 x 16 1.53 -> 1.14), the same in the
+#   next call (plain 512 x 64 1.33 -> 0.88); at 4096-6144 threads (1024 and 1536 x 64) ahead of
+#   or behind the late trigger by turns, in two calls (plain 1536 x 64 1.17 and 1.38 against
+#   1.22); from 8192 threads (256 tokens) 20-51% more at 5 of 6 points (fused 1024 x 256 1.70 ->
+#   2.56), as spec.py found for wider rows past 2048 threads;
+# - after the stores: 13-22% less at every launch of 2049-24576 threads measured (plain 1024 x
+#   64 1.44 -> 1.13, 512 x 256 1.40 -> 1.10; fused 1024 x 256 1.70 -> 1.47);
+# - beyond 65536 threads, where the decode cubin (with the top trigger's instructions) runs
+#   without the attribute: level (-3% to +2%, plain 512-1536 x 2048 and 8192 tokens).
+# So these rows take the wider rows' rule: decode triggers at the top to spec.PDL_MAX_THREADS,
+# `decode_late` to DECODE_LATE_PDL_MAX_THREADS.
+
 
 def prefill_warps(arch: str, override: int = 0) -> int:
     """The config's explicit choice, else the measured one for the arch, else sm_90a's."""
