@@ -224,7 +224,7 @@ def _snapshot(views):
             for k, v in views.items() if v is not None}  # no padding view: None
 
 
-def test_chains_wait_for_their_predecessor_at_everypdl_stage(bundle):
+def test_chains_wait_for_their_predecessor_at_every_pdl_stage(bundle):
     """act_and_mul writes a poisoned intermediate that the next kernel reads at once: a second
     act_and_mul and every quantizer of a 4096-wide bf16 row. Launched with the PDL attribute,
     the next kernel starts before act_and_mul ends, early or after its stores, and must wait
