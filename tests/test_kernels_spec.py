@@ -553,7 +553,6 @@ def test_rms_norm_records_without_the_8_to_12_kib_mid_plan_as_built(values, swit
 
 
 # (config values, whether its rows trigger late at every size: rows of at least 13 KiB)
-# (config values, whether its rows trigger late at every size: rows of at least 13 KiB)
 RMS_NORM_LATE_PDL = [
     (dict(hidden=128), False),  # 4 rows of half a warp to a block
     (dict(hidden=512), False),  # 4 rows of one warp
@@ -614,7 +613,7 @@ def test_rms_norm_decode_launches_past_2048_threads_trigger_the_next_kernel_late
 @pytest.mark.parametrize("values", [
     dict(num_q_heads=32, num_k_heads=4, head_dim=128),  # 8 heads per 4-warp block
     dict(num_q_heads=64, num_k_heads=4, head_dim=128),
-    dict(num_q_heads=8, num_k_heads=4, head_dim=256, dtype="float32"),  # 2 heads per warp
+    dict(num_q_heads=8, num_k_heads=4, head_dim=256, dtype="float32"),  # a warp per head
     dict(num_q_heads=1, num_k_heads=1, head_dim=64),  # 16 heads per block
 ])
 def test_qk_norm_small_launches_take_the_prefill_blocks_pdl_twins(values):
