@@ -36,7 +36,9 @@ DECODE_MAX_WARPS: dict[str, int] = {"sm_90a": 0}
 # - after the stores: 3-22% less at every launch of up to 49152 threads (32/4/128 x 16 1.36 ->
 #   1.09, x 64 1.50 -> 1.32, 16/8/256 x 64 1.57 -> 1.50), 2-32% more from 69632 (64/4/128 x 64
 #   1.66 -> 1.70, x 128 1.93 -> 2.39); no point measured between.
-# So the top trigger to 6144 threads, the late one to 65536 (as rms_norm's decode_late).
+# So the top trigger to 6144 threads, the late one to 65536 (as rms_norm's decode_late). Archs
+# without a measurement take the same twins and limits where their plan takes the prefill block
+# (sm_100a: past the one-warp decode's range), unmeasured there.
 PDL_EARLY_MAX_THREADS = 6144
 PDL_LATE_MAX_THREADS = 65536
 
