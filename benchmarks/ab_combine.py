@@ -25,9 +25,9 @@ from ab_norms import check_labels_and_rounds, labelled_bundle  # noqa: E402
 from common import (  # noqa: E402
     compile_per_shape,
     int_list,
-    missing_points,
     preloaded_bundles,
     print_medians,
+    refuse_missing_points,
 )
 
 # moe_combine's plan choices (MoeCombine.plan_choices); split_block and split_block_late, where a
@@ -57,13 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--force takes moe_combine's variants {', '.join(VARIANTS)} "
                      f"(got {', '.join(unknown)})")
-    for label, path in args.bundles:
-        lacking = missing_points(path, "moe_combine", ("top_k", "hidden"),
-                                 [(k, h) for k in args.top_k for h in args.hidden],
-                                 keep=lambda c: c.get("dtype") == "bfloat16",
-                                 what="bf16 moe_combine")
-        if lacking:
-            parser.error(f"{label}={path}: {lacking}")
+    refuse_missing_points(parser, args.bundles, "moe_combine", ("top_k", "hidden"),
+                          [(k, h) for k in args.top_k for h in args.hidden],
+                          keep=lambda c: c.get("dtype") == "bfloat16", what="bf16 moe_combine")
     return args
 
 

@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import (  # noqa: E402
     compile_per_shape,
     int_list,
-    missing_points,
     preloaded_bundles,
     print_medians,
+    refuse_missing_points,
 )
 
 # rms_norm's plan choices (RmsNorm.plan_choices); where a bundle lacks one (decode_late, mid), the
@@ -77,11 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if any(v not in FORCEABLE for v in args.force):
         parser.error(f"--force takes rms_norm's variants, {', '.join(FORCEABLE[:-1])} and "
                      f"{FORCEABLE[-1]} (got {args.force})")
-    for label, path in args.bundles:
-        lacking = missing_points(path, "rms_norm", ("hidden", "fused_residual"),
-                                 [(h, f) for h in args.hidden for f in args.fused])
-        if lacking:
-            parser.error(f"{label}={path}: {lacking}")
+    refuse_missing_points(parser, args.bundles, "rms_norm", ("hidden", "fused_residual"),
+                          [(h, f) for h in args.hidden for f in args.fused])
     return args
 
 

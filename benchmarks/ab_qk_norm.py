@@ -26,9 +26,9 @@ from common import (  # noqa: E402
     bundle_points,
     compile_per_shape,
     int_list,
-    missing_points,
     preloaded_bundles,
     print_medians,
+    refuse_missing_points,
 )
 
 EPS = 1e-6
@@ -75,13 +75,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--force {item!r}: name a variant")
         args.force_runs += [(f"{b}:{variant}", b, variant) for b in labels if b == label or not label]
     fields = ("num_q_heads", "num_k_heads", "head_dim")
+    refuse_missing_points(parser, args.bundles, "qk_norm", fields, args.heads,
+                          keep=lambda c: c.get("dtype") == "bfloat16" and c.get("eps") == EPS)
     for label, path in args.bundles:
         wanted = [v for _, b, v in args.force_runs if b == label]
-        lacking = missing_points(path, "qk_norm", fields, args.heads,
-                                 keep=lambda c: c.get("dtype") == "bfloat16"
-                                 and c.get("eps") == EPS)
-        if lacking:
-            parser.error(f"{label}={path}: {lacking}")
         points, _ = bundle_points(path)
         for p in points:  # every arch's point of the shape has each forced variant
             if p["family"] != "qk_norm":

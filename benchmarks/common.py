@@ -104,6 +104,16 @@ def missing_points(path: str, family: str, fields: tuple[str, ...], wanted, *,
             f"{', '.join(str(w) for w in lack)}; it has {sorted(have) or 'none'}")
 
 
+def refuse_missing_points(parser, labelled, family: str, fields: tuple[str, ...], wanted, *,
+                          keep=None, what: str | None = None) -> None:
+    """An A/B script's check of its (label, path) bundles: the first that lacks a point of
+    `wanted` (missing_points) ends the script with one argparse error naming it."""
+    for label, path in labelled:
+        lacking = missing_points(path, family, fields, wanted, keep=keep, what=what)
+        if lacking:
+            parser.error(f"{label}={path}: {lacking}")
+
+
 def preloaded_bundles(labelled) -> dict:
     """{label: the bundle at path, opened and preloaded on the current device} for an A/B's
     (label, path) pairs."""
