@@ -349,10 +349,9 @@ def test_plan_switches_once_from_decode_to_prefill(family_name, values, arch_nam
 RMS_NORM_SWITCHES = [
     # rows of 8 warps: 32 MiB moved from 2048 tokens of 4096 (plain: 16 KiB per token)
     (dict(hidden=4096, fused_residual=True), 1024),  # 32 KiB per token
-    (dict(hidden=3584), 2341),  # 7 warps, 14 KiB per token: 32 MiB from 2340.6 tokens
-    (dict(hidden=2048), 4096),  # 4 warps: one row per prefill block too
-    # a float32 output: 6 bytes per element, 32 MiB from 2730.7 tokens of 2048
-    (dict(hidden=2048, out_dtype="float32"), 2731),
+    (dict(hidden=3584, fused_residual=True), 1171),  # 7 warps, 28 KiB: 32 MiB from 1170.3
+    (dict(hidden=2048, fused_residual=True), 2048),  # 4 warps: one row per prefill block too
+    # plain rows of 3-8 KiB leave decode at the grid rule's end instead: the next test
     # 1-2 warps: the decode and prefill blocks hold 4 or 2 rows (4 warps); 32 MiB from 8192
     # tokens of 1024 (4 KiB per token), 16384 of 512, 8192 of 512 with the residual
     (dict(hidden=1024), 8192),
@@ -388,6 +387,47 @@ def test_rms_norm_takes_the_hinted_block_from_32_mib_per_call(values, switch):
         assert moved >= 32 << 20 > (switch - 1) * family.bytes_per_token(config)
 
 
+@pytest.mark.parametrize("values,warps", [
+    (dict(hidden=1536), 3),
+    (dict(hidden=2048), 4),
+    (dict(hidden=2048, out_dtype="float32"), 4),  # the row read counts, not the output
+    (dict(hidden=2560), 5),
+    (dict(hidden=3072), 6),
+    (dict(hidden=3584), 7),
+], ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+def test_rms_norm_plain_rows_of_3_to_8_kib_take_prefill_past_the_grid_rule(values, warps):
+    """Plain rows of 3 KiB up to 8 KiB (rms_norm/tuning.py, PLAIN_GRID_RULE_ROW_BYTES) leave
+    decode where its grid exceeds 32 warps per SM, long before 32 MiB moved (2048: 1057 tokens,
+    8 MiB, where the 32 MiB rule waited for 4096); their decode and prefill records say so
+    (prefill_min_bytes 0), and a record of a bundle built before (32 MiB) plans as built."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    arch = get_arch("sm_90a")
+    variants = _variants(family, config, arch)
+    assert variants["decode"].constants["warps_per_row"] == warps
+    assert {v.constants["prefill_min_bytes"] for v in variants.values()} == {0}
+    switch = arch.sm_count * variants["decode"].constants["decode_warps_per_sm"] // warps + 1
+    assert _switch_point(family, config, arch) == switch
+    assert switch * family.bytes_per_token(config) < 32 << 20
+    old = {n: dataclasses.replace(v, constants={**v.constants, "prefill_min_bytes": 32 << 20})
+           for n, v in variants.items()}
+    for tokens in (switch, ((32 << 20) - 1) // family.bytes_per_token(config)):
+        (launch,) = family.plan(config, old, {"tokens": tokens}, arch.sm_count)
+        assert launch.variant == "decode", tokens
+
+
+@pytest.mark.parametrize("values", [dict(hidden=1024), dict(hidden=1536, fused_residual=True),
+                                    dict(hidden=3584, fused_residual=True),
+                                    dict(hidden=512, dtype="float32")])
+def test_rms_norm_other_narrow_rows_keep_the_32_mib_rule(values):
+    """Rows below 3 KiB and the fused rows keep 32 MiB (the prefill variant was level with
+    decode there: 1024 x 1024-6144 within 2%, fused 1536-2048 within 1%)."""
+    family = get_family("rms_norm")
+    config = family.make_config(**values)
+    variants = _variants(family, config, get_arch("sm_90a"))
+    assert {v.constants["prefill_min_bytes"] for v in variants.values()} == {32 << 20}
+
+
 @pytest.mark.parametrize("values,rows", [
     (dict(hidden=128), 4),  # half of each warp predicated off
     (dict(hidden=256), 4),
@@ -412,10 +452,12 @@ def test_rms_norm_rows_of_one_or_two_warps_share_a_4_warp_decode_block(values, r
         assert decode.constants["rows_per_block"] == rows
         assert decode.block == (32 * decode.constants["warps_per_row"] * rows, 1, 1)
         assert (decode.constants["cache_hints"], decode.constants["reload_x"]) == (0, 0)
-    # and the plan launches one block per `rows` tokens (3001: past decode_late's 65536 threads)
+    # and the plan launches one block per `rows` tokens (decode or its late twin: 1001 tokens,
+    # inside every row's grid rule)
     config = family.make_config(**values)
-    (launch,) = _plan(family, config, arch, {"tokens": 3001})
-    assert launch.variant == "decode" and launch.grid == (-(-3001 // rows), 1, 1)
+    (launch,) = _plan(family, config, arch, {"tokens": 1001})
+    assert PDL_TWIN_OF.get(launch.variant, launch.variant) == "decode"
+    assert launch.grid == (-(-1001 // rows), 1, 1)
 
 
 @pytest.mark.parametrize("values, decode_first, prefill_first, mid", [

@@ -137,7 +137,7 @@ class RmsNorm(KernelFamily):
                 "vec": vec,
                 "decode_row_warps": tuning.DECODE_ROW_WARPS,
                 "decode_warps_per_sm": tuning.DECODE_WARPS_PER_SM,
-                "prefill_min_bytes": tuning.PREFILL_MIN_BYTES,
+                "prefill_min_bytes": prefill_min_bytes,
                 "reload_x": reload_x,
                 "cache_hints": cache_hints,
                 "min_blocks": min_blocks,  # > 0: compiled for that many blocks per SM
@@ -160,6 +160,12 @@ class RmsNorm(KernelFamily):
         # two-warp blocks are bound by the rate the SMs take blocks in).
         rows = max(1, tuning.DECODE_BLOCK_WARPS // warps)
         row_bytes = c.hidden * DTYPES[c.dtype].bits // 8
+        # Plain rows of 3-8 KiB leave decode at the grid rule's end (tuning.py,
+        # PLAIN_GRID_RULE_ROW_BYTES); the others at 32 MiB moved per call.
+        grid_rule_only = (not c.fused_residual
+                          and tuning.PLAIN_GRID_RULE_ROW_BYTES[0] <= row_bytes
+                          < tuning.PLAIN_GRID_RULE_ROW_BYTES[1])
+        prefill_min_bytes = 0 if grid_rule_only else tuning.PREFILL_MIN_BYTES
         # The weight's load issued with x's where it was measured to pay (tuning.py,
         # WEIGHT_FIRST): decode of rows of one warp, of at least WEIGHT_FIRST_ROW_BYTES.
         long_row = row_bytes >= tuning.WEIGHT_FIRST_ROW_BYTES

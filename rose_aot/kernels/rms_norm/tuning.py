@@ -9,7 +9,7 @@ measurement of their own use sm_90a's.
 from __future__ import annotations
 
 __all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES",
-           "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES",
+           "PLAIN_GRID_RULE_ROW_BYTES", "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES",
            "DECODE_BLOCK_WARPS", "MID_BLOCK_ROW_BYTES", "WEIGHT_FIRST_ROW_BYTES",
            "DECODE_LATE_PDL_MAX_THREADS", "LATE_TRIGGER_ROW_BYTES"]
 
@@ -43,8 +43,9 @@ PREFILL_WARPS: dict[str, int] = {"sm_90a": 4}
 # "nr".)
 DECODE_ROW_WARPS = 12
 DECODE_WARPS_PER_SM = 32
-# Rows of 4-12 warps (hidden 2048-6144 in bf16) take the prefill variant all the same from this
-# many bytes moved per call (rows read and written, residual included; bytes_per_token): there
+# Rows of 4-12 warps (hidden 2048-6144 in bf16; since 2026-12-02 the plain ones below 8 KiB take
+# the grid rule alone: PLAIN_GRID_RULE_ROW_BYTES below) take the prefill variant all the same
+# from this many bytes moved per call (rows read and written, residual included; bytes_per_token): there
 # the prefill block is the decode block, one row, with the cache hints. Both forced side by
 # side, every timing from an L2 without lines an earlier kernel kept at evict_last
 # (benchmarks/common.reset_l2_priorities; benchmarks/results/norm-narrow-hints-experiment-h200.md,
@@ -58,6 +59,24 @@ DECODE_WARPS_PER_SM = 32
 # their decode figures came after hinted kernels had run on the same tensors and gained 4-7%
 # from the lines those left in L2.)
 PREFILL_MIN_BYTES = 32 << 20
+# Plain rows of PLAIN_GRID_RULE_ROW_BYTES (3 KiB up to 8 KiB: hidden 1536-4095 in bf16) take the
+# grid rule alone, as rows of more than DECODE_ROW_WARPS warps do: past
+# DECODE_WARPS_PER_SM warps per SM the prefill variant (their records carry a prefill_min_bytes
+# of 0; bundles built before keep 32 MiB). The 32 MiB rule was measured before the prefill
+# variant loaded the weight first (WEIGHT_FIRST below); since, it beats these rows' decode long
+# before 32 MiB. One H200, 2026-12-02, each variant forced (`python benchmarks/ab_norms.py
+# main=BUNDLE --hidden 1024,1536,2048 --tokens 1024,2048,3072,4096,6144 --fused 0,1 --force
+# decode,prefill`, then `grid=BUNDLE --hidden 1536,2048,2560,3072,3584 --tokens
+# 512,768,1024,1536,2048,3072 --fused 0 --force decode,prefill`;
+# benchmarks/results/norm-plain-grid-rule-{sweep,ab}-h200.log): at every point the plan changes
+# (past the grid rule, below 32 MiB: 19 points of hidden 1536-3584 at 768-4096 tokens, 23
+# timings) prefill took 2.8-12.7% less time than decode (1536 x 2048 3.61 -> 3.24 µs, 2048 x
+# 2048 4.23 -> 3.83, 2560 x 1536 4.10 -> 3.58, 3584 x 1024 4.05 -> 3.61, 3072 x 768 2.97 ->
+# 2.88), and the new plan's own column matched it; inside the grid rule decode was level or
+# ahead (2048 x 512 2.17 vs 2.24) but at 2048 x 1024 (2.80 vs 2.71), left on decode. Rows of
+# 2 KiB (hidden 1024) and the fused rows were level, within 3.5% either way (1024 x 4096 3.96
+# vs 4.04, fused 1536 x 3072 6.61 vs 6.83, fused 2048 x 4096 15.71 vs 15.24): they keep 32 MiB.
+PLAIN_GRID_RULE_ROW_BYTES = (3 << 10, 8 << 10)
 
 # Rows of 1-2 warps (hidden <= 1024 in bf16; DeepSeek-V3's kv_a_layernorm at 512) share a decode
 # block of this many warps, the prefill block's (4 rows of one warp, 2 of two), so that they follow
