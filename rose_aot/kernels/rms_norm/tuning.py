@@ -9,7 +9,8 @@ measurement of their own use sm_90a's.
 from __future__ import annotations
 
 __all__ = ["prefill_warps", "DECODE_ROW_WARPS", "DECODE_WARPS_PER_SM", "PREFILL_MIN_BYTES",
-           "PLAIN_GRID_RULE_ROW_BYTES", "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS", "MID_MAX_BYTES",
+           "PLAIN_GRID_RULE_ROW_BYTES", "MID_ROW_BYTES", "MID_WARPS", "MID_MIN_BLOCKS",
+           "MID_MAX_BYTES",
            "DECODE_BLOCK_WARPS", "MID_BLOCK_ROW_BYTES", "WEIGHT_FIRST_ROW_BYTES",
            "DECODE_LATE_PDL_MAX_THREADS", "LATE_TRIGGER_ROW_BYTES"]
 
@@ -45,9 +46,10 @@ DECODE_ROW_WARPS = 12
 DECODE_WARPS_PER_SM = 32
 # Rows of 4-12 warps (hidden 2048-6144 in bf16; since 2026-12-02 the plain ones below 8 KiB take
 # the grid rule alone: PLAIN_GRID_RULE_ROW_BYTES below) take the prefill variant all the same
-# from this many bytes moved per call (rows read and written, residual included; bytes_per_token): there
-# the prefill block is the decode block, one row, with the cache hints. Both forced side by
-# side, every timing from an L2 without lines an earlier kernel kept at evict_last
+# from this many bytes moved per call (rows read and written, residual included;
+# bytes_per_token): there the prefill block is the decode block, one row, with the cache hints.
+# Both forced side by side, every timing from an L2 without lines an earlier kernel kept at
+# evict_last
 # (benchmarks/common.reset_l2_priorities; benchmarks/results/norm-narrow-hints-experiment-h200.md,
 # calls 9-10, bf16, hidden 2048-4096, 512-65536 tokens): decode won 2-5% up to 12.6 MB
 # (512-1024 tokens; plain 2048 x 1024: 2.83 vs 2.89 µs); from 16.8 to 50 MB the two were within
